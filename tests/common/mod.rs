@@ -1,0 +1,144 @@
+//! Shared harness for tests that need a real mount: a `TestMount` mounts a fresh store in a
+//! temporary directory through the `redbfs` binary and unmounts it on drop.
+//!
+//! FUSE tests fail loudly where `/dev/fuse` is missing, unless `REDBFS_SKIP_FUSE=1` is set on
+//! purpose; then `fuse_available()` returns false and the caller returns early.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `redbfs` binary built for this test run.
+pub fn redbfs_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_redbfs"))
+}
+
+/// Whether FUSE tests should run. Panics (fails the test) when `/dev/fuse` is missing and the
+/// skip was not asked for.
+pub fn fuse_available() -> bool {
+    if std::env::var("REDBFS_SKIP_FUSE").as_deref() == Ok("1") {
+        eprintln!("REDBFS_SKIP_FUSE=1: skipping a FUSE test on purpose");
+        return false;
+    }
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: FUSE tests need it (set REDBFS_SKIP_FUSE=1 to skip them on purpose)"
+    );
+    true
+}
+
+/// Runs `redbfs ARGS...` and returns its output.
+pub fn redbfs(args: &[&str]) -> Output {
+    Command::new(redbfs_bin())
+        .args(args)
+        .output()
+        .expect("run redbfs")
+}
+
+/// A mounted store in a temporary directory: `<tmp>/mnt` backed by `<tmp>/mnt.redb`.
+pub struct TestMount {
+    pub dir: tempfile::TempDir,
+    pub mountpoint: PathBuf,
+    pub store: PathBuf,
+    pub log: PathBuf,
+    extra_args: Vec<String>,
+    mounted: bool,
+}
+
+impl TestMount {
+    /// Mounts a fresh store with default options.
+    pub fn new() -> TestMount {
+        TestMount::with_args(&[])
+    }
+
+    /// Mounts a fresh store, passing `args` to `redbfs mount` after the defaults.
+    pub fn with_args(args: &[&str]) -> TestMount {
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let mountpoint = dir.path().join("mnt");
+        let store = dir.path().join("mnt.redb");
+        let log = dir.path().join("daemon.log");
+        let mut m = TestMount {
+            dir,
+            mountpoint,
+            store,
+            log,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            mounted: false,
+        };
+        m.mount();
+        m
+    }
+
+    /// Mounts (again) the same store at the same mountpoint.
+    pub fn mount(&mut self) {
+        assert!(!self.mounted, "already mounted");
+        let mut cmd = Command::new(redbfs_bin());
+        cmd.arg("mount")
+            .arg(&self.mountpoint)
+            .arg("--store")
+            .arg(&self.store)
+            .arg("--log-file")
+            .arg(&self.log)
+            .args(&self.extra_args);
+        let out = cmd.output().expect("run redbfs mount");
+        assert!(
+            out.status.success(),
+            "redbfs mount failed: {}{}\nlog:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+        self.mounted = true;
+    }
+
+    /// Unmounts and waits for the daemon to close the store.
+    pub fn unmount(&mut self) {
+        if !self.mounted {
+            return;
+        }
+        self.mounted = false;
+        let out = Command::new(redbfs_bin())
+            .arg("unmount")
+            .arg(&self.mountpoint)
+            .output()
+            .expect("run redbfs unmount");
+        assert!(
+            out.status.success(),
+            "redbfs unmount failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Unmounts and mounts the same store again.
+    pub fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            self.mounted = false;
+            let _ = Command::new(redbfs_bin())
+                .arg("unmount")
+                .arg(&self.mountpoint)
+                .output();
+        }
+    }
+}
