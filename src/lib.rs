@@ -1,1 +1,12 @@
-pub fn placeholder() {}
+//! redbfs: a transactional redb store mounted as a real directory over FUSE, for AI-agent
+//! memory. Layers, top to bottom: `cli` (arguments, human output), `mount` (daemon
+//! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
+//! (filesystem semantics, testable without a mount), `store` (the only module naming redb).
+
+pub mod check;
+pub mod cli;
+pub mod control;
+pub mod fs;
+pub mod fuse;
+pub mod mount;
+pub mod store;

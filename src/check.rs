@@ -1,0 +1,140 @@
+//! `redbfs check`: redb's integrity check plus the filesystem invariants, on a store file.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::fs::{Name, NameRules};
+use crate::store::{CHUNK_SIZE, Kind, ROOT_INO, ReadTxn, StoreError};
+
+/// Every broken invariant found, one line each; empty when the store is clean.
+pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
+    let mut findings = Vec::new();
+    let inodes: HashMap<u64, _> = r.all_inodes()?.into_iter().map(|i| (i.ino, i)).collect();
+    let dirents = r.all_dirents()?;
+    let orphans: HashSet<u64> = r.orphans()?.into_iter().collect();
+    let next_ino = r.meta_u64("next_ino")?.unwrap_or(0);
+
+    if !inodes.get(&ROOT_INO).is_some_and(|i| i.kind == Kind::Dir) {
+        findings.push("the root directory (inode 1) is missing or not a directory".to_string());
+    }
+    let mut seen: HashMap<u64, u32> = HashMap::new();
+    let mut subdirs: HashMap<u64, u32> = HashMap::new();
+    for (parent, e) in &dirents {
+        match inodes.get(parent) {
+            Some(p) if p.kind == Kind::Dir => {}
+            _ => findings.push(format!(
+                "entry {:?} lives in {parent}, which is not a directory",
+                e.name
+            )),
+        }
+        match inodes.get(&e.ino) {
+            None => findings.push(format!(
+                "entry {:?} in {parent} points to missing inode {}",
+                e.name, e.ino
+            )),
+            Some(i) => {
+                if i.kind != e.kind {
+                    findings.push(format!(
+                        "entry {:?} in {parent} has the wrong kind for inode {}",
+                        e.name, e.ino
+                    ));
+                }
+                if i.parent != *parent || i.name != e.name {
+                    findings.push(format!(
+                        "inode {} records parent {} name {:?}, but its entry is {:?} in {parent}",
+                        e.ino, i.parent, i.name, e.name
+                    ));
+                }
+            }
+        }
+        if e.kind == Kind::Dir {
+            *subdirs.entry(*parent).or_default() += 1;
+        }
+        *seen.entry(e.ino).or_default() += 1;
+        match Name::parse(e.name.as_bytes(), NameRules::Linux) {
+            Ok(n) if n.as_str() == e.name => {}
+            Ok(_) => findings.push(format!("entry {:?} in {parent} is not in NFC", e.name)),
+            Err(err) => findings.push(format!("entry {:?} in {parent}: {err}", e.name)),
+        }
+    }
+    for (ino, i) in &inodes {
+        if *ino >= next_ino {
+            findings.push(format!(
+                "inode {ino} is at or above the inode counter {next_ino}"
+            ));
+        }
+        let links = seen.get(ino).copied().unwrap_or(0);
+        if *ino != ROOT_INO {
+            match (links, orphans.contains(ino)) {
+                (0, false) => {
+                    findings.push(format!("inode {ino} is unreachable and not an orphan"))
+                }
+                (1, true) => findings.push(format!("inode {ino} is reachable but marked orphan")),
+                (n, _) if n > 1 => findings.push(format!("inode {ino} has {n} entries")),
+                _ => {}
+            }
+        }
+        if i.kind == Kind::Dir {
+            let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
+            if i.nlink != want {
+                findings.push(format!(
+                    "directory {ino} has nlink {} but {want} expected",
+                    i.nlink
+                ));
+            }
+        }
+    }
+    for o in &orphans {
+        if !inodes.contains_key(o) {
+            findings.push(format!("orphan {o} has no inode"));
+        }
+    }
+    // Cycles: every directory must reach the root by parent pointers.
+    for (ino, i) in &inodes {
+        if i.kind != Kind::Dir || orphans.contains(ino) {
+            continue;
+        }
+        let mut cur = *ino;
+        let mut steps = 0;
+        while cur != ROOT_INO && steps <= inodes.len() {
+            cur = inodes.get(&cur).map_or(ROOT_INO, |x| x.parent);
+            steps += 1;
+        }
+        if cur != ROOT_INO {
+            findings.push(format!("directory {ino} is in a cycle"));
+        }
+    }
+    let mut chunk_bytes: HashMap<u64, u64> = HashMap::new();
+    for (ino, idx, len) in r.all_chunks()? {
+        match inodes.get(&ino) {
+            None => findings.push(format!("chunk {idx} belongs to missing inode {ino}")),
+            Some(i) => {
+                if i.kind != Kind::File {
+                    findings.push(format!("directory {ino} has content chunk {idx}"));
+                }
+                if idx * CHUNK_SIZE + len > i.size {
+                    findings.push(format!(
+                        "chunk {idx} of inode {ino} lies beyond its size {}",
+                        i.size
+                    ));
+                }
+                if len > CHUNK_SIZE {
+                    findings.push(format!(
+                        "chunk {idx} of inode {ino} is {len} bytes, over the chunk size"
+                    ));
+                }
+            }
+        }
+        *chunk_bytes.entry(ino).or_default() += len;
+    }
+    let usage = r.usage()?;
+    let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
+    let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
+    let bytes: u64 = inodes.values().map(|i| i.size).sum();
+    if usage.files != files || usage.dirs != dirs || usage.content_bytes != bytes {
+        findings.push(format!(
+            "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dirs}, {bytes}",
+            usage.files, usage.dirs, usage.content_bytes
+        ));
+    }
+    Ok(findings)
+}

@@ -1,0 +1,169 @@
+//! The daemon's control socket: a Unix socket beside the store (`<store>.sock`, mode 0600)
+//! speaking one JSON request and one JSON response per line. Store tools reach a mounted
+//! store through it, because the daemon owns the store file.
+//!
+//! Requests: `{"op":"status"}`, `{"op":"unmount"}`. Every response carries `"ok"`; a failed one
+//! carries `"error"` with a message for a person.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::fs::Fs;
+use crate::store::FORMAT_VERSION;
+
+/// The control socket of the store at `store`.
+pub fn socket_path(store: &Path) -> PathBuf {
+    let mut s = store.as_os_str().to_owned();
+    s.push(".sock");
+    PathBuf::from(s)
+}
+
+/// What the daemon serves the socket with.
+pub struct Daemon {
+    pub fs: Arc<Fs>,
+    pub mountpoint: PathBuf,
+    pub store: PathBuf,
+    /// Called for an unmount request; returns a message on failure.
+    pub unmount: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+}
+
+impl Daemon {
+    fn status(&self) -> Value {
+        let usage = self.fs.store().read().and_then(|r| r.usage());
+        let (handles, buffered) = self.fs.open_counts();
+        match usage {
+            Ok(u) => json!({
+                "ok": true,
+                "pid": std::process::id(),
+                "mountpoint": self.mountpoint,
+                "store": self.store,
+                "format": FORMAT_VERSION,
+                "files": u.files,
+                "dirs": u.dirs,
+                "content_bytes": u.content_bytes,
+                "store_bytes": self.fs.store().file_bytes(),
+                "open_handles": handles,
+                "buffered_bytes": buffered,
+                "poisoned": self.fs.is_poisoned(),
+                "limits": self.fs.limits(),
+            }),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        }
+    }
+
+    fn handle(&self, req: &Value) -> Value {
+        match req.get("op").and_then(Value::as_str) {
+            Some("status") => self.status(),
+            Some("unmount") => match (self.unmount)() {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => json!({"ok": false, "error": e}),
+            },
+            Some(op) => json!({"ok": false, "error": format!("unknown op {op:?}")}),
+            None => json!({"ok": false, "error": "a request needs an \"op\""}),
+        }
+    }
+
+    fn serve_conn(&self, stream: UnixStream) {
+        let mut out = match stream.try_clone() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { return };
+            let resp = match serde_json::from_str::<Value>(&line) {
+                Ok(req) => self.handle(&req),
+                Err(e) => {
+                    tracing::warn!(error = %e, "control: request is not JSON");
+                    json!({"ok": false, "error": format!("request is not JSON: {e}")})
+                }
+            };
+            if writeln!(out, "{resp}").is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Binds the socket (replacing a stale one: the caller holds the store, so no live daemon owns
+/// it) and serves it on a background thread.
+pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
+    let path = socket_path(&daemon.store);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let d = daemon.clone();
+                let _ = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || d.serve_conn(conn));
+            }
+        })?;
+    Ok(path)
+}
+
+/// A connection to a running daemon.
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Client {
+    pub fn connect(store: &Path) -> std::io::Result<Client> {
+        let s = UnixStream::connect(socket_path(store))?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))?;
+        Ok(Client {
+            reader: BufReader::new(s.try_clone()?),
+            writer: s,
+        })
+    }
+
+    /// Sends one request and returns the response, or the daemon's error message.
+    pub fn call(&mut self, req: &Value) -> Result<Value, String> {
+        writeln!(self.writer, "{req}").map_err(|e| format!("control socket: {e}"))?;
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .map_err(|e| format!("control socket: {e}"))?;
+        if line.is_empty() {
+            return Err("the daemon closed the control socket".into());
+        }
+        let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad response: {e}"))?;
+        if v.get("ok").and_then(Value::as_bool) == Some(true) {
+            Ok(v)
+        } else {
+            Err(v
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("the daemon refused the request")
+                .to_string())
+        }
+    }
+
+    /// Waits until the daemon closes the connection (it does so by exiting).
+    pub fn wait_closed(mut self, timeout: Duration) -> bool {
+        let _ = self.reader.get_ref().set_read_timeout(Some(timeout));
+        let mut buf = String::new();
+        loop {
+            buf.clear();
+            match self.reader.read_line(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+}

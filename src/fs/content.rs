@@ -1,0 +1,192 @@
+//! Buffered content of one open file. Writes and truncations collect here, per inode and shared
+//! by every handle, until `flush`, `fsync` or the last `release` commits them in one durable
+//! transaction; until then the store keeps the old content, so a crash leaves either the old
+//! file or a completed one, never a mix.
+//!
+//! Invariant: no chunk (buffered or stored) holds bytes at or beyond `size`, so growing a file
+//! only moves `size` and the new range reads as zeros.
+
+use std::collections::BTreeMap;
+
+use crate::store::{CHUNK_SIZE, Store, WriteTxn};
+
+use super::error::{Error, Result};
+
+#[derive(Debug)]
+pub struct OpenFile {
+    pub ino: u64,
+    /// Open handles on this inode.
+    pub handles: u32,
+    /// The size every reader sees now, including buffered writes.
+    pub size: u64,
+    /// Size in the store, for quota accounting.
+    pub committed_size: u64,
+    /// mtime and ctime of the last buffered change, written at commit.
+    pub pending_mtime: Option<i64>,
+    pub pending_ctime: Option<i64>,
+    /// Buffered chunks, each holding bytes from the start of the chunk.
+    dirty: BTreeMap<u64, Vec<u8>>,
+    /// Chunks from this index on are void in the store (truncated away).
+    drop_from: Option<u64>,
+    /// Something is buffered that the store does not have yet.
+    pub changed: bool,
+    /// The name is gone; content lives until the last release.
+    pub unlinked: bool,
+}
+
+impl OpenFile {
+    pub fn new(ino: u64, size: u64) -> OpenFile {
+        OpenFile {
+            ino,
+            handles: 0,
+            size,
+            committed_size: size,
+            pending_mtime: None,
+            pending_ctime: None,
+            dirty: BTreeMap::new(),
+            drop_from: None,
+            changed: false,
+            unlinked: false,
+        }
+    }
+
+    fn voided(&self, idx: u64) -> bool {
+        self.drop_from.is_some_and(|d| idx >= d)
+    }
+
+    /// The buffered chunk `idx`, loading it from the store on first touch.
+    fn chunk_mut(&mut self, store: &Store, idx: u64) -> Result<&mut Vec<u8>> {
+        if !self.dirty.contains_key(&idx) {
+            let data = if self.voided(idx) {
+                Vec::new()
+            } else {
+                store
+                    .read()?
+                    .chunks(self.ino, idx, 1)?
+                    .pop()
+                    .flatten()
+                    .unwrap_or_default()
+            };
+            self.dirty.insert(idx, data);
+        }
+        Ok(self.dirty.get_mut(&idx).expect("inserted above"))
+    }
+
+    /// Reads up to `len` bytes at `offset`; holes read as zeros.
+    pub fn read(&self, store: &Store, offset: u64, len: u32) -> Result<Vec<u8>> {
+        if offset >= self.size {
+            return Ok(Vec::new());
+        }
+        let end = self.size.min(offset.saturating_add(len as u64));
+        let mut out = vec![0u8; (end - offset) as usize];
+        let first = offset / CHUNK_SIZE;
+        let last = (end - 1) / CHUNK_SIZE;
+        // Chunks that must come from the store, fetched in one read transaction.
+        let need_store = (first..=last).any(|i| !self.dirty.contains_key(&i) && !self.voided(i));
+        let stored = if need_store {
+            store.read()?.chunks(self.ino, first, last - first + 1)?
+        } else {
+            Vec::new()
+        };
+        for idx in first..=last {
+            let data: &[u8] = if let Some(d) = self.dirty.get(&idx) {
+                d
+            } else if self.voided(idx) {
+                continue;
+            } else {
+                match stored.get((idx - first) as usize) {
+                    Some(Some(d)) => d,
+                    _ => continue,
+                }
+            };
+            let chunk_start = idx * CHUNK_SIZE;
+            let from = offset.max(chunk_start);
+            let to = end.min(chunk_start + data.len() as u64);
+            if from < to {
+                let src = &data[(from - chunk_start) as usize..(to - chunk_start) as usize];
+                out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(src);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Buffers `data` at `offset`.
+    pub fn write(&mut self, store: &Store, offset: u64, data: &[u8], now: i64) -> Result<()> {
+        let mut pos = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let idx = pos / CHUNK_SIZE;
+            let within = (pos % CHUNK_SIZE) as usize;
+            let n = rest.len().min(CHUNK_SIZE as usize - within);
+            let chunk = self.chunk_mut(store, idx)?;
+            if chunk.len() < within + n {
+                chunk.resize(within + n, 0);
+            }
+            chunk[within..within + n].copy_from_slice(&rest[..n]);
+            rest = &rest[n..];
+            pos += n as u64;
+        }
+        self.size = self.size.max(offset + data.len() as u64);
+        self.touch(now);
+        Ok(())
+    }
+
+    /// Buffers a change of size.
+    pub fn truncate(&mut self, store: &Store, new_size: u64, now: i64) -> Result<()> {
+        if new_size < self.size {
+            let keep = new_size.div_ceil(CHUNK_SIZE);
+            self.dirty.retain(|&i, _| i < keep);
+            self.drop_from = Some(self.drop_from.map_or(keep, |d| d.min(keep)));
+            let within = (new_size % CHUNK_SIZE) as usize;
+            if within != 0 {
+                let chunk = self.chunk_mut(store, new_size / CHUNK_SIZE)?;
+                chunk.truncate(within);
+            }
+        }
+        self.size = new_size;
+        self.touch(now);
+        Ok(())
+    }
+
+    fn touch(&mut self, now: i64) {
+        self.pending_mtime = Some(now);
+        self.pending_ctime = Some(now);
+        self.changed = true;
+    }
+
+    /// Writes the buffered content into `w`; the caller commits and then calls `committed`.
+    pub fn stage(&self, w: &mut WriteTxn<'_>) -> Result<()> {
+        let Some(mut inode) = w.inode(self.ino)? else {
+            return Err(Error::NotFound);
+        };
+        if let Some(d) = self.drop_from {
+            w.remove_chunks_from(self.ino, d)?;
+        }
+        for (&idx, data) in &self.dirty {
+            w.put_chunk(self.ino, idx, data)?;
+        }
+        inode.size = self.size;
+        if let Some(t) = self.pending_mtime {
+            inode.mtime = t;
+        }
+        if let Some(t) = self.pending_ctime {
+            inode.ctime = t;
+        }
+        w.put_inode(&inode).map_err(Error::from)
+    }
+
+    /// Marks everything staged as in the store.
+    pub fn committed(&mut self) {
+        self.dirty.clear();
+        self.drop_from = None;
+        self.pending_mtime = None;
+        self.pending_ctime = None;
+        self.committed_size = self.size;
+        self.changed = false;
+    }
+
+    /// Bytes buffered in memory.
+    pub fn buffered_bytes(&self) -> usize {
+        self.dirty.values().map(|c| c.capacity()).sum()
+    }
+}

@@ -1,0 +1,166 @@
+//! The filesystem's error type and its one mapping to errno. Each variant names the rule or
+//! failure; `errno` is the only place that decides what a caller sees.
+
+use std::fmt;
+
+use super::name::NameError;
+use crate::store::StoreError;
+
+#[derive(Debug)]
+pub enum Error {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    /// A name broke a rule of the normaliser.
+    Name(NameError),
+    /// The path from the mount root would exceed `--max-path-bytes`.
+    PathTooLong {
+        bytes: usize,
+        limit: usize,
+    },
+    /// The path from the mount root would exceed `--max-depth` levels.
+    TooDeep {
+        depth: usize,
+        limit: usize,
+    },
+    /// Only regular files and directories exist (symlink, link, FIFO, socket, device).
+    NotPermitted(&'static str),
+    /// Extended attributes are not stored.
+    XattrUnsupported,
+    /// A request that makes no sense for its target (a directory into its own subtree, ...).
+    Invalid(&'static str),
+    /// A file handle the daemon does not know.
+    BadHandle,
+    /// A write or truncation beyond `--max-file-bytes`.
+    FileTooBig {
+        limit: u64,
+    },
+    /// Over `--quota` content bytes.
+    QuotaExceeded {
+        limit: u64,
+    },
+    /// Over `--max-files` files and directories.
+    TooManyFiles {
+        limit: u64,
+    },
+    /// A previous commit failed; writes are refused until restart.
+    Poisoned,
+    Store(StoreError),
+}
+
+impl Error {
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::Name(e) => e.errno(),
+            Error::PathTooLong { .. } => libc::ENAMETOOLONG,
+            // What Linux returns for too many levels in a path walk.
+            Error::TooDeep { .. } => libc::ELOOP,
+            Error::NotPermitted(_) => libc::EPERM,
+            // ENOTSUP, not ENOSYS: cp -a and tar treat it as "no xattrs here" and carry on.
+            Error::XattrUnsupported => libc::ENOTSUP,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::BadHandle => libc::EBADF,
+            Error::FileTooBig { .. } => libc::EFBIG,
+            Error::QuotaExceeded { .. } => libc::ENOSPC,
+            // No inodes left, as df -i would show.
+            Error::TooManyFiles { .. } => libc::ENOSPC,
+            Error::Poisoned => libc::EIO,
+            Error::Store(StoreError::Full) => libc::ENOSPC,
+            Error::Store(_) => libc::EIO,
+        }
+    }
+
+    /// Whether this is an ordinary answer (ENOENT on a lookup, say) rather than a refusal
+    /// worth a warn line.
+    pub fn is_expected(&self) -> bool {
+        matches!(
+            self,
+            Error::NotFound | Error::Exists | Error::NotEmpty | Error::NotDir | Error::IsDir
+        )
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound => write!(f, "no such file or directory"),
+            Error::Exists => write!(f, "already exists"),
+            Error::NotDir => write!(f, "not a directory"),
+            Error::IsDir => write!(f, "is a directory"),
+            Error::NotEmpty => write!(f, "directory not empty"),
+            Error::Name(e) => write!(f, "{e}"),
+            Error::PathTooLong { bytes, limit } => {
+                write!(
+                    f,
+                    "path would be {bytes} bytes, over --max-path-bytes {limit}"
+                )
+            }
+            Error::TooDeep { depth, limit } => {
+                write!(
+                    f,
+                    "path would be {depth} levels deep, over --max-depth {limit}"
+                )
+            }
+            Error::NotPermitted(what) => {
+                write!(
+                    f,
+                    "{what}: only regular files and directories exist in a store"
+                )
+            }
+            Error::XattrUnsupported => write!(f, "extended attributes are not supported"),
+            Error::Invalid(why) => write!(f, "{why}"),
+            Error::BadHandle => write!(f, "unknown file handle"),
+            Error::FileTooBig { limit } => write!(f, "file would exceed --max-file-bytes {limit}"),
+            Error::QuotaExceeded { limit } => {
+                write!(f, "store would exceed --quota of {limit} content bytes")
+            }
+            Error::TooManyFiles { limit } => write!(f, "store would exceed --max-files {limit}"),
+            Error::Poisoned => write!(
+                f,
+                "an earlier commit failed; the store refuses writes until the daemon restarts"
+            ),
+            Error::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        Error::Store(e)
+    }
+}
+
+impl From<NameError> for Error {
+    fn from(e: NameError) -> Self {
+        Error::Name(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_table() {
+        assert_eq!(Error::NotFound.errno(), libc::ENOENT);
+        assert_eq!(Error::NotEmpty.errno(), libc::ENOTEMPTY);
+        assert_eq!(Error::NotPermitted("symlink").errno(), libc::EPERM);
+        assert_eq!(Error::XattrUnsupported.errno(), libc::ENOTSUP);
+        assert_eq!(Error::FileTooBig { limit: 1 }.errno(), libc::EFBIG);
+        assert_eq!(Error::QuotaExceeded { limit: 1 }.errno(), libc::ENOSPC);
+        assert_eq!(Error::Poisoned.errno(), libc::EIO);
+        assert_eq!(Error::Store(StoreError::Full).errno(), libc::ENOSPC);
+        assert_eq!(Error::Invalid("x").errno(), libc::EINVAL);
+    }
+}

@@ -1,0 +1,1096 @@
+//! Filesystem semantics over a `Store`, free of FUSE: every operation takes plain values and
+//! returns `Result<_, Error>`, so tests drive it directly without a mount.
+//!
+//! Invariants kept here:
+//! - every namespace change is one store transaction; mkdir, unlink, rmdir, rename and setattr
+//!   commit durably before they return; a create commits deferred and becomes durable with the
+//!   next durable commit;
+//! - file content is buffered per inode (`OpenFile`) from open until flush, fsync or the last
+//!   release, and committed durably in one transaction;
+//! - lock order is `files` map, then one `OpenFile`; no code holds an `OpenFile` lock while
+//!   taking the map lock.
+
+pub mod content;
+pub mod error;
+pub mod name;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::{
+    self, DirEntry, Inode, Kind, ROOT_INO, Store, StoreError, Sync, WriteTxn, now_ns,
+};
+use content::OpenFile;
+pub use error::{Error, Result};
+pub use name::{Name, NameError, NameRules};
+
+/// Limits set at mount and kept in the store, so a restart keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Largest file in bytes (EFBIG beyond).
+    pub max_file_bytes: u64,
+    /// Total content bytes (ENOSPC beyond); 0 means no quota.
+    pub quota_bytes: u64,
+    /// Files plus directories (ENOSPC beyond).
+    pub max_files: u64,
+    /// Bytes of a path from the mount root (ENAMETOOLONG beyond).
+    pub max_path_bytes: usize,
+    /// Levels of a path from the mount root (ELOOP beyond).
+    pub max_depth: usize,
+    pub names: NameRules,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            // Far above any memory a model writes, and room for a person's PDFs and images;
+            // content is buffered in memory until close, so this also bounds daemon memory.
+            max_file_bytes: 256 * 1024 * 1024,
+            quota_bytes: 0,
+            max_files: 1_000_000,
+            max_path_bytes: 1024,
+            max_depth: 32,
+            names: NameRules::Linux,
+        }
+    }
+}
+
+/// Who is asking: the uid, gid and pid of the calling process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// A time to set with setattr.
+#[derive(Clone, Copy, Debug)]
+pub enum TimeSet {
+    Now,
+    At(i64),
+}
+
+/// The attribute changes of one setattr.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    /// The handle an ftruncate came through.
+    pub fh: Option<u64>,
+}
+
+/// How a file is opened.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OpenMode {
+    pub write: bool,
+    pub append: bool,
+    pub truncate: bool,
+}
+
+impl OpenMode {
+    pub fn from_flags(flags: i32) -> OpenMode {
+        let acc = flags & libc::O_ACCMODE;
+        OpenMode {
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            truncate: flags & libc::O_TRUNC != 0,
+        }
+    }
+}
+
+/// What statfs reports.
+#[derive(Clone, Copy, Debug)]
+pub struct FsStats {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// Block size reported by statfs and used for st_blocks.
+pub const BLOCK_SIZE: u32 = 4096;
+
+struct Handle {
+    file: Arc<Mutex<OpenFile>>,
+    mode: OpenMode,
+}
+
+struct DirHandle {
+    ino: u64,
+    entries: Option<Arc<Vec<DirEntry>>>,
+}
+
+/// What removing an inode's last name must do once the transaction commits.
+enum Removal {
+    /// The file is open: it becomes an orphan, reclaimed at its last release.
+    Open(Arc<Mutex<OpenFile>>),
+    /// Not open: deleted now; the placeholder keeps a racing open out until the commit.
+    Closed(Arc<Mutex<OpenFile>>),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a lock must not take the whole mount down with it.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The filesystem.
+pub struct Fs {
+    store: Store,
+    limits: Limits,
+    files: Mutex<HashMap<u64, Arc<Mutex<OpenFile>>>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    dirs: Mutex<HashMap<u64, DirHandle>>,
+    next_fh: AtomicU64,
+    poisoned: AtomicBool,
+}
+
+impl Fs {
+    /// Wraps an open store, reclaiming the orphans a crash left behind.
+    pub fn new(store: Store, limits: Limits) -> Result<Fs> {
+        let fs = Fs {
+            store,
+            limits,
+            files: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            poisoned: AtomicBool::new(false),
+        };
+        let mut w = fs.store.write()?;
+        let orphans = w.orphans()?;
+        if !orphans.is_empty() {
+            for ino in &orphans {
+                w.delete_inode(*ino)?;
+            }
+            fs.commit(w, Sync::Durable)?;
+            tracing::info!(
+                count = orphans.len(),
+                "reclaimed files unlinked while open before a crash"
+            );
+        }
+        Ok(fs)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.is_poisoned() {
+            Err(Error::Poisoned)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn commit(&self, w: WriteTxn<'_>, sync: Sync) -> Result<()> {
+        match w.commit(sync) {
+            Ok(()) => Ok(()),
+            Err(StoreError::Full) => Err(Error::Store(StoreError::Full)),
+            Err(e) => {
+                if !self.poisoned.swap(true, Ordering::AcqRel) {
+                    tracing::error!(error = %e, "commit failed: the store now refuses writes; restart the daemon (redbfs unmount, then mount)");
+                }
+                Err(Error::Store(e))
+            }
+        }
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn parse_name(&self, raw: &[u8]) -> Result<Name> {
+        Ok(Name::parse(raw, self.limits.names)?)
+    }
+
+    /// Reports buffered size and times for a file that is open.
+    fn overlay(&self, mut inode: Inode) -> Inode {
+        if inode.kind == Kind::File {
+            let f = lock(&self.files).get(&inode.ino).cloned();
+            if let Some(f) = f {
+                let g = lock(&f);
+                inode.size = g.size;
+                if let Some(t) = g.pending_mtime {
+                    inode.mtime = t;
+                }
+                if let Some(t) = g.pending_ctime {
+                    inode.ctime = t;
+                }
+            }
+        }
+        inode
+    }
+
+    // ---- lookups and attributes ----
+
+    pub fn lookup(&self, parent: u64, raw_name: &[u8]) -> Result<Inode> {
+        let name = self.parse_name(raw_name)?;
+        let r = self.store.read()?;
+        let p = r.inode(parent)?.ok_or(Error::NotFound)?;
+        if p.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let (ino, _) = r.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        let inode = r.inode(ino)?.ok_or_else(|| {
+            Error::Store(StoreError::Corrupt(format!(
+                "dirent {name:?} points to missing inode {ino}"
+            )))
+        })?;
+        Ok(self.overlay(inode))
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Inode> {
+        let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+        Ok(self.overlay(inode))
+    }
+
+    /// The path of `ino` from the mount root, for logs and tools ("/" for the root).
+    pub fn path_of(&self, ino: u64) -> String {
+        let Ok(r) = self.store.read() else {
+            return format!("<inode {ino}>");
+        };
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        for _ in 0..=self.limits.max_depth + 1 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return format!("/{}", parts.join("/"));
+            }
+            match r.inode(cur) {
+                Ok(Some(i)) => {
+                    parts.push(i.name);
+                    cur = i.parent;
+                }
+                _ => break,
+            }
+        }
+        format!("<inode {ino}>")
+    }
+
+    pub fn setattr(&self, ino: u64, a: SetAttr) -> Result<Inode> {
+        self.writable()?;
+        let now = now_ns();
+        if let Some(size) = a.size {
+            let inode = self.getattr(ino)?;
+            if inode.kind == Kind::Dir {
+                return Err(Error::IsDir);
+            }
+            self.check_file_size(size)?;
+            self.check_quota(inode.size, size)?;
+            let f = self.acquire(ino)?;
+            let res = {
+                let mut g = lock(&f);
+                let r = g.truncate(&self.store, size, now);
+                // Through a handle (ftruncate, O_TRUNC) the change is buffered with the rest of
+                // that handle's writes; a truncate(2) of a file nobody has open commits now.
+                if r.is_ok() && a.fh.is_none() && g.handles == 1 {
+                    self.commit_file(&mut g)
+                } else {
+                    r
+                }
+            };
+            self.release_file(&f);
+            res?;
+        }
+        let touches_attrs = a.mode.is_some()
+            || a.uid.is_some()
+            || a.gid.is_some()
+            || a.atime.is_some()
+            || a.mtime.is_some();
+        if touches_attrs {
+            let resolve = |t: TimeSet| match t {
+                TimeSet::Now => now,
+                TimeSet::At(ns) => ns,
+            };
+            let mut w = self.store.write()?;
+            let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
+            if let Some(m) = a.mode {
+                inode.perm = m & 0o7777;
+            }
+            if let Some(u) = a.uid {
+                inode.uid = u;
+            }
+            if let Some(g) = a.gid {
+                inode.gid = g;
+            }
+            if let Some(t) = a.atime {
+                inode.atime = resolve(t);
+            }
+            if let Some(t) = a.mtime {
+                inode.mtime = resolve(t);
+            }
+            inode.ctime = now;
+            w.put_inode(&inode)?;
+            self.commit(w, Sync::Durable)?;
+            if let Some(t) = a.mtime {
+                let f = lock(&self.files).get(&ino).cloned();
+                if let Some(f) = f {
+                    let mut g = lock(&f);
+                    if g.pending_mtime.is_some() {
+                        g.pending_mtime = Some(resolve(t));
+                        g.pending_ctime = Some(now);
+                    }
+                }
+            }
+        }
+        self.getattr(ino)
+    }
+
+    // ---- limits ----
+
+    fn check_file_size(&self, size: u64) -> Result<()> {
+        if size > self.limits.max_file_bytes {
+            return Err(Error::FileTooBig {
+                limit: self.limits.max_file_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_quota(&self, old_size: u64, new_size: u64) -> Result<()> {
+        let limit = self.limits.quota_bytes;
+        if limit == 0 || new_size <= old_size {
+            return Ok(());
+        }
+        let used = self.store.read()?.usage()?.content_bytes;
+        if used.saturating_add(new_size - old_size) > limit {
+            return Err(Error::QuotaExceeded { limit });
+        }
+        Ok(())
+    }
+
+    /// Checks that a new entry `name` under `parent` keeps within the path limits and that the
+    /// store may hold one more inode.
+    fn check_new_entry(
+        &self,
+        w: &WriteTxn<'_>,
+        parent: u64,
+        name: &Name,
+        adds_inode: bool,
+    ) -> Result<()> {
+        let mut bytes = name.as_str().len() + 1;
+        let mut depth = 1;
+        let mut cur = parent;
+        while cur != ROOT_INO {
+            let i = w.inode(cur)?.ok_or(Error::NotFound)?;
+            bytes += i.name.len() + 1;
+            depth += 1;
+            if depth > self.limits.max_depth {
+                return Err(Error::TooDeep {
+                    depth,
+                    limit: self.limits.max_depth,
+                });
+            }
+            cur = i.parent;
+        }
+        if bytes > self.limits.max_path_bytes {
+            return Err(Error::PathTooLong {
+                bytes,
+                limit: self.limits.max_path_bytes,
+            });
+        }
+        if self.limits.names == NameRules::Portable {
+            let folded = name.fold_case();
+            let clash = w
+                .list(parent, usize::MAX)?
+                .into_iter()
+                .any(|e| e.name != name.as_str() && e.name.to_lowercase() == folded);
+            if clash {
+                return Err(Error::Name(NameError::PortableCaseClash));
+            }
+        }
+        if adds_inode {
+            let u = w.usage()?;
+            if u.files + u.dirs >= self.limits.max_files {
+                return Err(Error::TooManyFiles {
+                    limit: self.limits.max_files,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    // ---- creating ----
+
+    fn parent_dir(w: &WriteTxn<'_>, parent: u64) -> Result<Inode> {
+        let p = w.inode(parent)?.ok_or(Error::NotFound)?;
+        if p.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(p)
+    }
+
+    fn new_inode(
+        &self,
+        w: &mut WriteTxn<'_>,
+        caller: Caller,
+        parent: &mut Inode,
+        name: &Name,
+        kind: Kind,
+        perm: u32,
+    ) -> Result<Inode> {
+        if w.lookup(parent.ino, name.as_str())?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.check_new_entry(w, parent.ino, name, true)?;
+        let now = now_ns();
+        let setgid_parent = parent.perm & libc::S_ISGID != 0;
+        let mut perm = perm & 0o7777;
+        if setgid_parent && kind == Kind::Dir {
+            perm |= libc::S_ISGID;
+        }
+        let inode = Inode {
+            ino: w.alloc_ino()?,
+            kind,
+            perm,
+            uid: caller.uid,
+            gid: if setgid_parent {
+                parent.gid
+            } else {
+                caller.gid
+            },
+            size: 0,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            parent: parent.ino,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            name: name.as_str().to_string(),
+        };
+        w.put_inode(&inode)?;
+        w.put_dirent(parent.ino, name.as_str(), inode.ino, kind)?;
+        if kind == Kind::Dir {
+            parent.nlink += 1;
+        }
+        parent.mtime = now;
+        parent.ctime = now;
+        w.put_inode(parent)?;
+        Ok(inode)
+    }
+
+    pub fn mkdir(
+        &self,
+        caller: Caller,
+        parent: u64,
+        raw_name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Inode> {
+        self.writable()?;
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::Dir, mode & !umask)?;
+        self.commit(w, Sync::Durable)?;
+        Ok(inode)
+    }
+
+    /// Creates a regular file (mknod of S_IFREG); it becomes durable with the next durable
+    /// commit, normally its own close or fsync.
+    pub fn mknod(
+        &self,
+        caller: Caller,
+        parent: u64,
+        raw_name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Inode> {
+        self.writable()?;
+        if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
+            return Err(Error::NotPermitted(match mode & libc::S_IFMT {
+                libc::S_IFIFO => "mknod of a FIFO",
+                libc::S_IFSOCK => "mknod of a socket",
+                libc::S_IFCHR | libc::S_IFBLK => "mknod of a device",
+                _ => "mknod of a special file",
+            }));
+        }
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::File, mode & !umask)?;
+        self.commit(w, Sync::Deferred)?;
+        Ok(inode)
+    }
+
+    /// Creates and opens a regular file.
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: u64,
+        raw_name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Inode, u64)> {
+        let inode = self.mknod(
+            caller,
+            parent,
+            raw_name,
+            (mode & 0o7777) | libc::S_IFREG,
+            umask,
+        )?;
+        let mut open_mode = OpenMode::from_flags(flags);
+        open_mode.truncate = false;
+        let fh = self.open(inode.ino, open_mode)?;
+        Ok((inode, fh))
+    }
+
+    // ---- open files ----
+
+    /// Registers one more user of `ino`'s buffered content.
+    fn acquire(&self, ino: u64) -> Result<Arc<Mutex<OpenFile>>> {
+        let mut map = lock(&self.files);
+        let f = match map.get(&ino) {
+            Some(f) => f.clone(),
+            None => {
+                // Read under the map lock: no commit of this inode can slip in between.
+                let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+                if inode.kind == Kind::Dir {
+                    return Err(Error::IsDir);
+                }
+                let f = Arc::new(Mutex::new(OpenFile::new(ino, inode.size)));
+                map.insert(ino, f.clone());
+                f
+            }
+        };
+        let mut g = lock(&f);
+        if g.unlinked && g.handles == 0 {
+            // Being removed right now.
+            return Err(Error::NotFound);
+        }
+        g.handles += 1;
+        drop(g);
+        Ok(f)
+    }
+
+    /// Drops one user of an open file: commits what it buffered and, at the last release of an
+    /// unlinked file, reclaims its space.
+    fn release_file(&self, f: &Arc<Mutex<OpenFile>>) {
+        let mut res = {
+            let mut g = lock(f);
+            if g.handles == 1 {
+                self.commit_file(&mut g)
+            } else {
+                Ok(())
+            }
+        };
+        let reclaim = {
+            let mut map = lock(&self.files);
+            let mut g = lock(f);
+            g.handles -= 1;
+            if g.handles > 0 {
+                None
+            } else {
+                if g.changed && res.is_ok() {
+                    res = self.commit_file(&mut g);
+                }
+                map.remove(&g.ino);
+                g.unlinked.then_some(g.ino)
+            }
+        };
+        if let Err(e) = res {
+            let ino = lock(f).ino;
+            tracing::error!(ino, error = %e, "content could not be committed at release");
+        }
+        if let Some(ino) = reclaim {
+            let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+                w.delete_inode(ino)?;
+                self.commit(w, Sync::Durable)
+            });
+            if let Err(e) = r {
+                tracing::error!(ino, error = %e, "could not reclaim an unlinked file; the next mount will");
+            }
+        }
+    }
+
+    /// Commits an open file's buffered content durably.
+    fn commit_file(&self, g: &mut OpenFile) -> Result<()> {
+        if !g.changed || g.unlinked {
+            return Ok(());
+        }
+        self.writable()?;
+        let mut w = self.store.write()?;
+        g.stage(&mut w)?;
+        self.commit(w, Sync::Durable)?;
+        g.committed();
+        Ok(())
+    }
+
+    pub fn open(&self, ino: u64, mode: OpenMode) -> Result<u64> {
+        if mode.write || mode.truncate {
+            self.writable()?;
+        }
+        let f = self.acquire(ino)?;
+        if mode.truncate && mode.write {
+            let mut g = lock(&f);
+            if g.size != 0 {
+                if let Err(e) = g.truncate(&self.store, 0, now_ns()) {
+                    drop(g);
+                    self.release_file(&f);
+                    return Err(e);
+                }
+            }
+        }
+        let fh = self.new_fh();
+        lock(&self.handles).insert(fh, Handle { file: f, mode });
+        Ok(fh)
+    }
+
+    fn handle(&self, fh: u64) -> Result<(Arc<Mutex<OpenFile>>, OpenMode)> {
+        lock(&self.handles)
+            .get(&fh)
+            .map(|h| (h.file.clone(), h.mode))
+            .ok_or(Error::BadHandle)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let (f, _) = self.handle(fh)?;
+        let g = lock(&f);
+        g.read(&self.store, offset, len)
+    }
+
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.writable()?;
+        let (f, mode) = self.handle(fh)?;
+        if !mode.write {
+            return Err(Error::BadHandle);
+        }
+        let mut g = lock(&f);
+        let offset = if mode.append { g.size } else { offset };
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(Error::FileTooBig {
+                limit: self.limits.max_file_bytes,
+            })?;
+        self.check_file_size(end)?;
+        if end > g.size {
+            // Quota counts committed bytes; what this file has buffered beyond them counts too.
+            self.check_quota(g.committed_size, end)?;
+        }
+        g.write(&self.store, offset, data, now_ns())?;
+        Ok(data.len() as u32)
+    }
+
+    /// close(2) of one descriptor: commits the file's buffered content durably.
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        let (f, mode) = self.handle(fh)?;
+        let mut g = lock(&f);
+        self.commit_file(&mut g)?;
+        drop(g);
+        if mode.write {
+            // A file created and closed without a write becomes durable here.
+            self.store.sync()?;
+        }
+        Ok(())
+    }
+
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let (f, _) = self.handle(fh)?;
+        let mut g = lock(&f);
+        self.commit_file(&mut g)?;
+        drop(g);
+        self.store.sync()?;
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let h = lock(&self.handles).remove(&fh).ok_or(Error::BadHandle)?;
+        self.release_file(&h.file);
+        Ok(())
+    }
+
+    /// fsync of a directory: every namespace change is durable already, except creates.
+    pub fn fsyncdir(&self) -> Result<()> {
+        Ok(self.store.sync()?)
+    }
+
+    // ---- removing ----
+
+    /// Prepares the removal of a file's last name; see `Removal`.
+    fn claim_removal(&self, ino: u64) -> Removal {
+        let mut map = lock(&self.files);
+        if let Some(f) = map.get(&ino) {
+            let f = f.clone();
+            lock(&f).unlinked = true;
+            Removal::Open(f)
+        } else {
+            let mut placeholder = OpenFile::new(ino, 0);
+            placeholder.unlinked = true;
+            let f = Arc::new(Mutex::new(placeholder));
+            map.insert(ino, f.clone());
+            Removal::Closed(f)
+        }
+    }
+
+    /// Stages the removal in `w`: an orphan mark for an open file, deletion otherwise.
+    fn stage_removal(w: &mut WriteTxn<'_>, ino: u64, removal: &Removal) -> Result<()> {
+        match removal {
+            Removal::Open(_) => {
+                let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
+                inode.nlink = 0;
+                inode.ctime = now_ns();
+                w.put_inode(&inode)?;
+                w.add_orphan(ino)?;
+            }
+            Removal::Closed(_) => w.delete_inode(ino)?,
+        }
+        Ok(())
+    }
+
+    fn finish_removal(&self, removal: Removal, committed: bool) {
+        match removal {
+            Removal::Open(f) => {
+                if !committed {
+                    lock(&f).unlinked = false;
+                }
+            }
+            Removal::Closed(f) => {
+                let mut map = lock(&self.files);
+                if map.get(&lock(&f).ino).is_some_and(|g| Arc::ptr_eq(g, &f)) {
+                    map.remove(&lock(&f).ino);
+                }
+            }
+        }
+    }
+
+    pub fn unlink(&self, parent: u64, raw_name: &[u8]) -> Result<()> {
+        self.writable()?;
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        if kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        let removal = self.claim_removal(ino);
+        let staged = (|| {
+            w.remove_dirent(parent, name.as_str())?;
+            Self::stage_removal(&mut w, ino, &removal)?;
+            let now = now_ns();
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(&p)?;
+            Ok(())
+        })();
+        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+        self.finish_removal(removal, res.is_ok());
+        res
+    }
+
+    pub fn rmdir(&self, parent: u64, raw_name: &[u8]) -> Result<()> {
+        self.writable()?;
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        if kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        if !w.list(ino, 1)?.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        w.remove_dirent(parent, name.as_str())?;
+        w.delete_inode(ino)?;
+        let now = now_ns();
+        p.nlink -= 1;
+        p.mtime = now;
+        p.ctime = now;
+        w.put_inode(&p)?;
+        self.commit(w, Sync::Durable)
+    }
+
+    // ---- rename ----
+
+    /// Whether `ino` is `dir` or lies below it.
+    fn is_within(w: &WriteTxn<'_>, ino: u64, dir: u64) -> Result<bool> {
+        let mut cur = ino;
+        loop {
+            if cur == dir {
+                return Ok(true);
+            }
+            if cur == ROOT_INO {
+                return Ok(false);
+            }
+            cur = w.inode(cur)?.ok_or(Error::NotFound)?.parent;
+        }
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        raw_name: &[u8],
+        new_parent: u64,
+        raw_new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.writable()?;
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 || (noreplace && exchange)
+        {
+            return Err(Error::Invalid("unsupported rename flags"));
+        }
+        let name = self.parse_name(raw_name)?;
+        let new_name = self.parse_name(raw_new_name)?;
+        let mut w = self.store.write()?;
+        Self::parent_dir(&w, parent)?;
+        Self::parent_dir(&w, new_parent)?;
+        let (src, src_kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        let dst = w.lookup(new_parent, new_name.as_str())?;
+        if exchange {
+            let (dst, dst_kind) = dst.ok_or(Error::NotFound)?;
+            return self.exchange(
+                w,
+                (parent, &name, src, src_kind),
+                (new_parent, &new_name, dst, dst_kind),
+            );
+        }
+        if dst.is_some() && noreplace {
+            return Err(Error::Exists);
+        }
+        if dst.is_some_and(|(d, _)| d == src) {
+            return Ok(());
+        }
+        if src_kind == Kind::Dir && Self::is_within(&w, new_parent, src)? {
+            return Err(Error::Invalid(
+                "a directory cannot move into its own subtree",
+            ));
+        }
+        self.check_new_entry(&w, new_parent, &new_name, false)?;
+        let mut removal = None;
+        if let Some((d, dk)) = dst {
+            match (src_kind, dk) {
+                (Kind::Dir, Kind::File) => return Err(Error::NotDir),
+                (Kind::File, Kind::Dir) => return Err(Error::IsDir),
+                (Kind::Dir, Kind::Dir) => {
+                    if !w.list(d, 1)?.is_empty() {
+                        return Err(Error::NotEmpty);
+                    }
+                }
+                (Kind::File, Kind::File) => {}
+            }
+            if dk == Kind::File {
+                removal = Some((d, self.claim_removal(d)));
+            }
+        }
+        let staged = (|| -> Result<()> {
+            let now = now_ns();
+            if let Some((d, dk)) = dst {
+                match &removal {
+                    Some((_, r)) => Self::stage_removal(&mut w, d, r)?,
+                    None => w.delete_inode(d)?,
+                }
+                if dk == Kind::Dir {
+                    let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
+                    np.nlink -= 1;
+                    w.put_inode(&np)?;
+                }
+            }
+            w.remove_dirent(parent, name.as_str())?;
+            w.put_dirent(new_parent, new_name.as_str(), src, src_kind)?;
+            let mut s = w.inode(src)?.ok_or(Error::NotFound)?;
+            s.parent = new_parent;
+            s.name = new_name.as_str().to_string();
+            s.ctime = now;
+            w.put_inode(&s)?;
+            let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+            p.mtime = now;
+            p.ctime = now;
+            if parent != new_parent {
+                if src_kind == Kind::Dir {
+                    p.nlink -= 1;
+                }
+                w.put_inode(&p)?;
+                let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
+                if src_kind == Kind::Dir {
+                    np.nlink += 1;
+                }
+                np.mtime = now;
+                np.ctime = now;
+                w.put_inode(&np)?;
+            } else {
+                w.put_inode(&p)?;
+            }
+            Ok(())
+        })();
+        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+        if let Some((_, r)) = removal {
+            self.finish_removal(r, res.is_ok());
+        }
+        res
+    }
+
+    /// RENAME_EXCHANGE: both names swap inodes in one transaction.
+    fn exchange(
+        &self,
+        mut w: WriteTxn<'_>,
+        a: (u64, &Name, u64, Kind),
+        b: (u64, &Name, u64, Kind),
+    ) -> Result<()> {
+        let (pa, na, ia, ka) = a;
+        let (pb, nb, ib, kb) = b;
+        if ia == ib {
+            return Ok(());
+        }
+        if (ka == Kind::Dir && Self::is_within(&w, pb, ia)?)
+            || (kb == Kind::Dir && Self::is_within(&w, pa, ib)?)
+        {
+            return Err(Error::Invalid(
+                "a directory cannot move into its own subtree",
+            ));
+        }
+        let now = now_ns();
+        w.put_dirent(pa, na.as_str(), ib, kb)?;
+        w.put_dirent(pb, nb.as_str(), ia, ka)?;
+        for (ino, parent, name) in [(ia, pb, nb), (ib, pa, na)] {
+            let mut i = w.inode(ino)?.ok_or(Error::NotFound)?;
+            i.parent = parent;
+            i.name = name.as_str().to_string();
+            i.ctime = now;
+            w.put_inode(&i)?;
+        }
+        let dirs = |k: Kind| i64::from(k == Kind::Dir);
+        let shift = dirs(kb) - dirs(ka); // change of subdirectories under pa
+        for (p, delta) in [(pa, shift), (pb, -shift)] {
+            let mut pi = w.inode(p)?.ok_or(Error::NotFound)?;
+            if pa != pb {
+                pi.nlink = (pi.nlink as i64 + delta) as u32;
+            }
+            pi.mtime = now;
+            pi.ctime = now;
+            w.put_inode(&pi)?;
+        }
+        self.commit(w, Sync::Durable)
+    }
+
+    // ---- directories ----
+
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+        if inode.kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        let fh = self.new_fh();
+        lock(&self.dirs).insert(fh, DirHandle { ino, entries: None });
+        Ok(fh)
+    }
+
+    /// The entries of an open directory, `.` and `..` first; an entry's offset is its index
+    /// plus one. The listing is taken when reading starts at offset 0 and kept for the
+    /// handle, so offsets stay valid while the directory changes.
+    pub fn readdir(&self, fh: u64, offset: u64) -> Result<Arc<Vec<DirEntry>>> {
+        let ino = {
+            let dirs = lock(&self.dirs);
+            let d = dirs.get(&fh).ok_or(Error::BadHandle)?;
+            if offset != 0 {
+                if let Some(e) = &d.entries {
+                    return Ok(e.clone());
+                }
+            }
+            d.ino
+        };
+        let r = self.store.read()?;
+        let me = r.inode(ino)?.ok_or(Error::NotFound)?;
+        let mut entries = vec![
+            DirEntry {
+                name: ".".into(),
+                ino,
+                kind: Kind::Dir,
+            },
+            DirEntry {
+                name: "..".into(),
+                ino: me.parent,
+                kind: Kind::Dir,
+            },
+        ];
+        entries.extend(r.list(ino)?);
+        let entries = Arc::new(entries);
+        if let Some(d) = lock(&self.dirs).get_mut(&fh) {
+            d.entries = Some(entries.clone());
+        }
+        Ok(entries)
+    }
+
+    /// Attributes for a batch of entries, in one read transaction.
+    pub fn attrs(&self, entries: &[DirEntry]) -> Result<Vec<Option<Inode>>> {
+        let r = self.store.read()?;
+        entries
+            .iter()
+            .map(|e| Ok(r.inode(e.ino)?.map(|i| self.overlay(i))))
+            .collect()
+    }
+
+    pub fn releasedir(&self, fh: u64) -> Result<()> {
+        lock(&self.dirs)
+            .remove(&fh)
+            .map(|_| ())
+            .ok_or(Error::BadHandle)
+    }
+
+    // ---- the whole store ----
+
+    pub fn statfs(&self) -> Result<FsStats> {
+        let usage = self.store.read()?.usage()?;
+        let bs = BLOCK_SIZE as u64;
+        let (blocks, free) = if self.limits.quota_bytes > 0 {
+            let total = self.limits.quota_bytes.div_ceil(bs);
+            (
+                total,
+                total.saturating_sub(usage.content_bytes.div_ceil(bs)),
+            )
+        } else {
+            let used = self.store.file_bytes().div_ceil(bs);
+            let avail = store::disk_available(self.store.path()) / bs;
+            (used + avail, avail)
+        };
+        let inodes = usage.files + usage.dirs;
+        Ok(FsStats {
+            block_size: BLOCK_SIZE,
+            blocks,
+            blocks_free: free,
+            files: self.limits.max_files.max(inodes),
+            files_free: self.limits.max_files.saturating_sub(inodes),
+            name_max: name::MAX_NAME_BYTES as u32,
+        })
+    }
+
+    /// Open handles and buffered bytes, for status.
+    pub fn open_counts(&self) -> (usize, usize) {
+        let files: Vec<_> = lock(&self.files).values().cloned().collect();
+        let buffered = files.iter().map(|f| lock(f).buffered_bytes()).sum();
+        (lock(&self.handles).len(), buffered)
+    }
+
+    /// Commits everything still buffered (at unmount).
+    pub fn flush_all(&self) {
+        let files: Vec<_> = lock(&self.files).values().cloned().collect();
+        for f in files {
+            let mut g = lock(&f);
+            if let Err(e) = self.commit_file(&mut g) {
+                tracing::error!(ino = g.ino, error = %e, "content could not be committed at unmount");
+            }
+        }
+        if let Err(e) = self.store.sync() {
+            tracing::error!(error = %e, "final sync failed");
+        }
+    }
+}

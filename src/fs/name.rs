@@ -1,0 +1,244 @@
+//! The normaliser: one pure function from the raw bytes of a name to a valid `Name` (NFC
+//! UTF-8) or the rule it breaks. Every name that enters the store passes through `Name::parse`:
+//! lookup, create, mknod, mkdir, rename targets and import.
+
+use std::fmt;
+
+use unicode_normalization::UnicodeNormalization;
+
+/// Longest name in bytes (after NFC normalisation), as on ext4.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Which optional rules apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NameRules {
+    /// Linux rules plus the store's own (UTF-8, no control or format characters).
+    #[default]
+    Linux,
+    /// Also what keeps a store usable on Windows and macOS.
+    Portable,
+}
+
+/// A name that passed every rule, in NFC.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Name(String);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Checks `raw` against the rules and returns its NFC form.
+    pub fn parse(raw: &[u8], rules: NameRules) -> Result<Name, NameError> {
+        let s = std::str::from_utf8(raw).map_err(|_| NameError::NotUtf8)?;
+        if s.is_empty() {
+            return Err(NameError::Empty);
+        }
+        if s.contains('/') {
+            return Err(NameError::Slash);
+        }
+        if let Some(c) = s.chars().find(|c| c.is_control()) {
+            return Err(NameError::Control(c));
+        }
+        if let Some(c) = s.chars().find(|&c| is_format_char(c)) {
+            return Err(NameError::Format(c));
+        }
+        let nfc: String = s.nfc().collect();
+        if nfc == "." || nfc == ".." {
+            return Err(NameError::Dot);
+        }
+        if nfc.len() > MAX_NAME_BYTES {
+            return Err(NameError::TooLong(nfc.len()));
+        }
+        if rules == NameRules::Portable {
+            check_portable(&nfc)?;
+        }
+        Ok(Name(nfc))
+    }
+
+    /// The key under which case-insensitive siblings collide (portable rules).
+    pub fn fold_case(&self) -> String {
+        self.0.to_lowercase()
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The rule a name breaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NameError {
+    NotUtf8,
+    Empty,
+    Slash,
+    Dot,
+    Control(char),
+    Format(char),
+    TooLong(usize),
+    PortableChar(char),
+    PortableTrailing,
+    PortableReserved,
+    /// A sibling differs only in case (portable rules).
+    PortableCaseClash,
+}
+
+impl NameError {
+    /// The errno a caller sees.
+    pub fn errno(&self) -> i32 {
+        match self {
+            NameError::TooLong(_) => libc::ENAMETOOLONG,
+            // Invalid UTF-8 is an illegal byte sequence, as on filesystems that enforce UTF-8.
+            NameError::NotUtf8 => libc::EILSEQ,
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+impl fmt::Display for NameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NameError::NotUtf8 => write!(f, "name is not valid UTF-8"),
+            NameError::Empty => write!(f, "name is empty"),
+            NameError::Slash => write!(f, "name contains '/'"),
+            NameError::Dot => write!(f, "name is '.' or '..'"),
+            NameError::Control(c) => {
+                write!(f, "name contains control character U+{:04X}", *c as u32)
+            }
+            NameError::Format(c) => write!(
+                f,
+                "name contains invisible format character U+{:04X}",
+                *c as u32
+            ),
+            NameError::TooLong(n) => {
+                write!(f, "name is {n} bytes, over the limit of {MAX_NAME_BYTES}")
+            }
+            NameError::PortableChar(c) => {
+                write!(f, "name contains {c:?}, not allowed under --names portable")
+            }
+            NameError::PortableTrailing => write!(
+                f,
+                "name ends with a dot or space, not allowed under --names portable"
+            ),
+            NameError::PortableCaseClash => write!(
+                f,
+                "a sibling differs only in letter case, not allowed under --names portable"
+            ),
+            NameError::PortableReserved => write!(
+                f,
+                "name is a reserved Windows device name, not allowed under --names portable"
+            ),
+        }
+    }
+}
+
+/// Unicode general category Cf (format characters): invisible characters that change how text
+/// around them displays, such as bidirectional overrides and zero-width joiners.
+fn is_format_char(c: char) -> bool {
+    matches!(c as u32,
+        0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
+        | 0x180E | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F
+        | 0xFEFF | 0xFFF9..=0xFFFB | 0x110BD | 0x110CD | 0x13430..=0x1343F
+        | 0x1BCA0..=0x1BCA3 | 0x1D173..=0x1D17A | 0xE0001 | 0xE0020..=0xE007F)
+}
+
+fn check_portable(name: &str) -> Result<(), NameError> {
+    if let Some(c) = name
+        .chars()
+        .find(|c| matches!(c, '<' | '>' | ':' | '"' | '|' | '?' | '*' | '\\'))
+    {
+        return Err(NameError::PortableChar(c));
+    }
+    if name.ends_with('.') || name.ends_with(' ') {
+        return Err(NameError::PortableTrailing);
+    }
+    let stem = name
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .trim_end()
+        .to_ascii_uppercase();
+    let reserved = matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
+        || ((stem.starts_with("COM") || stem.starts_with("LPT"))
+            && stem.len() == 4
+            && matches!(stem.as_bytes()[3], b'1'..=b'9'));
+    if reserved {
+        return Err(NameError::PortableReserved);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(s: &str) -> String {
+        Name::parse(s.as_bytes(), NameRules::Linux).unwrap().0
+    }
+
+    fn err(raw: &[u8]) -> NameError {
+        Name::parse(raw, NameRules::Linux).unwrap_err()
+    }
+
+    #[test]
+    fn accepts_what_the_sdk_writes() {
+        for n in [
+            ".tmp-12345-0f8fad5b-d9cb-469f-a165-70867728950e",
+            "notes.md",
+            "my notes with spaces.txt",
+            "\u{1F9E0} brain.md",
+            "\u{4F1A}\u{8BAE}\u{8BB0}\u{5F55}.md",
+            "caf\u{E9}",
+            ".hidden",
+            "...",
+            &"a".repeat(255),
+        ] {
+            assert_eq!(ok(n), n);
+        }
+    }
+
+    #[test]
+    fn nfd_becomes_nfc() {
+        assert_eq!(ok("cafe\u{301}"), "caf\u{E9}");
+    }
+
+    #[test]
+    fn refuses_each_rule() {
+        assert_eq!(err(b"\xff\xfe"), NameError::NotUtf8);
+        assert_eq!(err(b""), NameError::Empty);
+        assert_eq!(err(b"a/b"), NameError::Slash);
+        assert_eq!(err(b"."), NameError::Dot);
+        assert_eq!(err(b".."), NameError::Dot);
+        assert_eq!(err(b"a\nb"), NameError::Control('\n'));
+        assert_eq!(err(b"a\x7fb"), NameError::Control('\x7f'));
+        assert_eq!(err(b"a\x00b"), NameError::Control('\0'));
+        assert_eq!(err("a\u{202E}b".as_bytes()), NameError::Format('\u{202E}'));
+        assert_eq!(err("a\u{200D}b".as_bytes()), NameError::Format('\u{200D}'));
+        assert_eq!(err("x".repeat(256).as_bytes()), NameError::TooLong(256));
+    }
+
+    #[test]
+    fn errnos() {
+        assert_eq!(NameError::TooLong(300).errno(), libc::ENAMETOOLONG);
+        assert_eq!(NameError::NotUtf8.errno(), libc::EILSEQ);
+        assert_eq!(NameError::Control('\n').errno(), libc::EINVAL);
+    }
+
+    #[test]
+    fn portable_rules() {
+        let p = |s: &str| Name::parse(s.as_bytes(), NameRules::Portable);
+        assert_eq!(p("a:b").unwrap_err(), NameError::PortableChar(':'));
+        assert_eq!(p("a?").unwrap_err(), NameError::PortableChar('?'));
+        assert_eq!(p("trailing.").unwrap_err(), NameError::PortableTrailing);
+        assert_eq!(p("trailing ").unwrap_err(), NameError::PortableTrailing);
+        assert_eq!(p("CON").unwrap_err(), NameError::PortableReserved);
+        assert_eq!(p("nul.txt").unwrap_err(), NameError::PortableReserved);
+        assert_eq!(p("com1").unwrap_err(), NameError::PortableReserved);
+        assert!(p("com10").is_ok());
+        assert!(p("console.md").is_ok());
+        assert!(p(".tmp-1-abc").is_ok());
+        assert!(Name::parse(b"a:b", NameRules::Linux).is_ok());
+    }
+}

@@ -1,0 +1,646 @@
+//! The only module that names fuser: each kernel request becomes one call into `Fs`, and its
+//! result becomes one reply or one errno. Refusals and failures are logged here, once each,
+//! with the operation, the path or inode and the errno; with `-v` every request gets a debug
+//! line.
+
+use std::ffi::OsStr;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
+};
+
+use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet};
+use crate::store::{Inode, Kind};
+
+/// How long the kernel may cache entries and attributes. Every change to a mounted store goes
+/// through this kernel mount, so the kernel's caches stay true on their own and a long TTL
+/// saves a round trip per path component (the SDK's realpath walks every component on every
+/// command). Tools that change a mounted store go through the daemon, which invalidates what
+/// they touch. Not infinite, so a bug in that invalidation heals within a minute.
+const TTL: Duration = Duration::from_secs(60);
+
+/// Largest write the kernel sends in one request. 1 MiB cuts round trips for large files
+/// (the kernel default is 128 KiB).
+const MAX_WRITE: u32 = 1024 * 1024;
+
+/// Worker threads reading requests: a reader never waits behind a writer's commit.
+pub const DEFAULT_THREADS: usize = 4;
+
+pub struct FuseFs {
+    fs: Arc<Fs>,
+}
+
+impl FuseFs {
+    pub fn new(fs: Arc<Fs>) -> FuseFs {
+        FuseFs { fs }
+    }
+
+    /// Logs a failed request once and answers it with its errno.
+    fn fail(&self, op: &str, ino: u64, name: Option<&OsStr>, e: &Error) -> Errno {
+        let errno = e.errno();
+        let path = self.fs.path_of(ino);
+        let path = match name {
+            Some(n) => format!("{}/{}", path.trim_end_matches('/'), n.to_string_lossy()),
+            None => path,
+        };
+        if e.is_expected() {
+            tracing::debug!(op, path, errno, "{e}");
+        } else if matches!(e, Error::Store(_) | Error::Poisoned) {
+            tracing::error!(op, path, errno, "{e}");
+        } else {
+            tracing::warn!(op, path, errno, "refused: {e}");
+        }
+        Errno::from_i32(errno)
+    }
+}
+
+fn system_time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn time_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+    }
+}
+
+fn attr(i: &Inode) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(i.ino),
+        // Directories report 4096, as ext4 does; the SDK prints it to the model.
+        size: if i.kind == Kind::Dir {
+            BLOCK_SIZE as u64
+        } else {
+            i.size
+        },
+        blocks: if i.kind == Kind::Dir {
+            8
+        } else {
+            i.size.div_ceil(512)
+        },
+        atime: system_time(i.atime),
+        mtime: system_time(i.mtime),
+        ctime: system_time(i.ctime),
+        crtime: system_time(i.crtime),
+        kind: file_type(i.kind),
+        perm: i.perm as u16,
+        nlink: i.nlink,
+        uid: i.uid,
+        gid: i.gid,
+        rdev: 0,
+        blksize: BLOCK_SIZE,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(time_ns(t)),
+    }
+}
+
+const GEN: Generation = Generation(0);
+
+impl Filesystem for FuseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for cap in [
+            // ls -l and the SDK's stat-per-entry walk answered with the listing.
+            InitFlags::FUSE_DO_READDIRPLUS,
+            // O_TRUNC arrives with open, so it joins the handle's buffered content.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_MAX_PAGES,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                tracing::info!(?cap, "kernel does not offer this FUSE capability");
+            }
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.fs.flush_all();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        tracing::debug!(op = "lookup", parent = parent.0, ?name);
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Err(e) => reply.error(self.fail("lookup", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        tracing::debug!(op = "getattr", ino = ino.0);
+        match self.fs.getattr(ino.0) {
+            Ok(i) => reply.attr(&TTL, &attr(&i)),
+            Err(e) => reply.error(self.fail("getattr", ino.0, None, &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        tracing::debug!(op = "setattr", ino = ino.0, ?mode, ?uid, ?gid, ?size);
+        let a = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            fh: fh.map(|f| f.0),
+        };
+        match self.fs.setattr(ino.0, a) {
+            Ok(i) => reply.attr(&TTL, &attr(&i)),
+            Err(e) => reply.error(self.fail("setattr", ino.0, None, &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        tracing::debug!(op = "mknod", parent = parent.0, ?name, mode);
+        match self
+            .fs
+            .mknod(caller(req), parent.0, name.as_bytes(), mode, umask)
+        {
+            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Err(e) => reply.error(self.fail("mknod", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        tracing::debug!(op = "mkdir", parent = parent.0, ?name, mode);
+        match self
+            .fs
+            .mkdir(caller(req), parent.0, name.as_bytes(), mode, umask)
+        {
+            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Err(e) => reply.error(self.fail("mkdir", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tracing::debug!(op = "unlink", parent = parent.0, ?name);
+        match self.fs.unlink(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("unlink", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        tracing::debug!(op = "rmdir", parent = parent.0, ?name);
+        match self.fs.rmdir(parent.0, name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rmdir", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let e = Error::NotPermitted("symlink");
+        reply.error(self.fail("symlink", parent.0, Some(link_name), &e));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let e = Error::NotPermitted("hard link");
+        reply.error(self.fail("link", newparent.0, Some(newname), &e));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        tracing::debug!(
+            op = "rename",
+            parent = parent.0,
+            ?name,
+            newparent = newparent.0,
+            ?newname,
+            flags = flags.bits()
+        );
+        match self.fs.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rename", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        tracing::debug!(op = "open", ino = ino.0, flags = flags.0);
+        match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
+            // Every change goes through this mount, so the page cache stays true across opens.
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(self.fail("open", ino.0, None, &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        tracing::debug!(op = "read", ino = ino.0, offset, size);
+        match self.fs.read(fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(self.fail("read", ino.0, None, &e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        tracing::debug!(op = "write", ino = ino.0, offset, len = data.len());
+        match self.fs.write(fh.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(self.fail("write", ino.0, None, &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        tracing::debug!(op = "flush", ino = ino.0);
+        match self.fs.flush(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("flush", ino.0, None, &e)),
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        tracing::debug!(op = "release", ino = ino.0);
+        match self.fs.release(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("release", ino.0, None, &e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        tracing::debug!(op = "fsync", ino = ino.0);
+        match self.fs.fsync(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsync", ino.0, None, &e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        tracing::debug!(op = "opendir", ino = ino.0);
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(self.fail("opendir", ino.0, None, &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        tracing::debug!(op = "readdir", ino = ino.0, offset);
+        let entries = match self.fs.readdir(fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(self.fail("readdir", ino.0, None, &e)),
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        tracing::debug!(op = "readdirplus", ino = ino.0, offset);
+        let entries = match self.fs.readdir(fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(self.fail("readdirplus", ino.0, None, &e)),
+        };
+        // Attributes are fetched a batch at a time: the reply buffer holds a few dozen entries.
+        const BATCH: usize = 64;
+        let mut pos = offset as usize;
+        'outer: while pos < entries.len() {
+            let batch = &entries[pos..entries.len().min(pos + BATCH)];
+            let attrs = match self.fs.attrs(batch) {
+                Ok(a) => a,
+                Err(e) => return reply.error(self.fail("readdirplus", ino.0, None, &e)),
+            };
+            for (e, a) in batch.iter().zip(attrs) {
+                pos += 1;
+                // An entry removed since the listing was taken is skipped.
+                let Some(a) = a else { continue };
+                if reply.add(INodeNo(e.ino), pos as u64, &e.name, &TTL, &attr(&a), GEN) {
+                    break 'outer;
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.releasedir(fh.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("releasedir", ino.0, None, &e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.fs.fsyncdir() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsyncdir", ino.0, None, &e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(self.fail("statfs", ino.0, None, &e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        _v: &[u8],
+        _f: i32,
+        _p: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(self.fail("setxattr", ino.0, Some(name), &Error::XattrUnsupported));
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        // Asked on every cp -a and ls --color; answered without a warn line.
+        reply.error(Errno::from_i32(Error::XattrUnsupported.errno()));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(Error::XattrUnsupported.errno()));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply.error(self.fail("removexattr", ino.0, Some(name), &Error::XattrUnsupported));
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // With default_permissions the kernel checks access itself and never asks.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        tracing::debug!(op = "create", parent = parent.0, ?name, mode, flags);
+        match self
+            .fs
+            .create(caller(req), parent.0, name.as_bytes(), mode, umask, flags)
+        {
+            Ok((i, fh)) => reply.created(
+                &TTL,
+                &attr(&i),
+                GEN,
+                FileHandle(fh),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(self.fail("create", parent.0, Some(name), &e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _o: u64,
+        _l: u64,
+        _m: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(self.fail(
+            "fallocate",
+            ino.0,
+            None,
+            &Error::Invalid("fallocate is not supported"),
+        ));
+    }
+}
+
+/// Mount options shared by both ways of mounting.
+fn config(allow_other: bool, threads: usize) -> Config {
+    let mut c = Config::default();
+    c.acl = if allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    c.n_threads = Some(threads.max(1));
+    c
+}
+
+/// Serves a mount the caller made itself on an open `/dev/fuse` descriptor: answers the
+/// kernel's INIT, calls `on_ready`, then serves until the filesystem is unmounted.
+pub fn serve_fd(
+    fs: Arc<Fs>,
+    fd: OwnedFd,
+    allow_other: bool,
+    threads: usize,
+    on_ready: impl FnOnce(),
+) -> std::io::Result<()> {
+    let c = config(allow_other, threads);
+    let acl = c.acl;
+    let session = Session::from_fd(FuseFs::new(fs), fd, acl, c)?;
+    on_ready();
+    session.run()
+}
+
+/// Mounts through fusermount3 (for users who may not call mount(2)) and serves until unmounted.
+pub fn mount_and_serve(
+    fs: Arc<Fs>,
+    mountpoint: &Path,
+    source: &str,
+    allow_other: bool,
+    threads: usize,
+    on_ready: impl FnOnce(),
+) -> std::io::Result<()> {
+    let mut c = config(allow_other, threads);
+    c.mount_options = vec![
+        MountOption::FSName(source.to_string()),
+        MountOption::Subtype("redbfs".to_string()),
+        MountOption::DefaultPermissions,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+    ];
+    let session = Session::new(FuseFs::new(fs), mountpoint, &c)?;
+    on_ready();
+    session.run()
+}

@@ -1,0 +1,502 @@
+//! Daemon lifecycle: checks before mounting, stale-mount recovery, mounting as
+//! `fuse.redbfs`, running in the background, signals, and unmounting.
+//!
+//! The background daemon is this same binary run again with `--foreground` and a pipe on
+//! which it reports `ready` or the reason it could not mount; the parent exits only when the
+//! mount answers a stat.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+
+use crate::control::{self, Daemon};
+use crate::fs::{Fs, Limits};
+use crate::store::{Store, StoreError};
+
+/// Everything `redbfs mount` was asked.
+#[derive(Clone, Debug)]
+pub struct MountRequest {
+    pub mountpoint: PathBuf,
+    pub store: Option<PathBuf>,
+    pub foreground: bool,
+    pub allow_other: bool,
+    pub threads: usize,
+    /// Limits given on the command line; `None` keeps what the store recorded.
+    pub limits: LimitOverrides,
+    /// Arguments to pass again to the background daemon.
+    pub argv: Vec<String>,
+    /// Set in the background daemon: where to report readiness.
+    pub notify_fd: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct LimitOverrides {
+    pub max_file_bytes: Option<u64>,
+    pub quota_bytes: Option<u64>,
+    pub max_files: Option<u64>,
+    pub max_path_bytes: Option<usize>,
+    pub max_depth: Option<usize>,
+    pub names: Option<crate::fs::NameRules>,
+}
+
+impl LimitOverrides {
+    fn apply(&self, mut l: Limits) -> Limits {
+        if let Some(v) = self.max_file_bytes {
+            l.max_file_bytes = v;
+        }
+        if let Some(v) = self.quota_bytes {
+            l.quota_bytes = v;
+        }
+        if let Some(v) = self.max_files {
+            l.max_files = v;
+        }
+        if let Some(v) = self.max_path_bytes {
+            l.max_path_bytes = v;
+        }
+        if let Some(v) = self.max_depth {
+            l.max_depth = v;
+        }
+        if let Some(v) = self.names {
+            l.names = v;
+        }
+        l
+    }
+}
+
+/// An absolute path, without resolving the last component (which may be a dead mount).
+pub fn absolute(p: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// The default store beside a mountpoint: `<mountpoint>.redb`.
+pub fn default_store(mountpoint: &Path) -> PathBuf {
+    let mut s = mountpoint.as_os_str().to_owned();
+    s.push(".redb");
+    PathBuf::from(s)
+}
+
+/// One line of /proc/self/mountinfo that matters here.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    // mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|o| o.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(o)) => {
+                out.push((o[0] - b'0') * 64 + (o[1] - b'0') * 8 + (o[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every mount in this mount namespace.
+pub fn mounts() -> Vec<MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mp = left.split(' ').nth(4)?;
+            let mut r = right.split(' ');
+            let fstype = r.next()?;
+            let source = r.next()?;
+            Some(MountEntry {
+                mountpoint: PathBuf::from(unescape_mountinfo(mp)),
+                fstype: fstype.to_string(),
+                source: unescape_mountinfo(source),
+            })
+        })
+        .collect()
+}
+
+/// The redbfs mount at `mountpoint`, if any, and the store behind it.
+pub fn redbfs_mount_at(mountpoint: &Path) -> Option<PathBuf> {
+    mounts()
+        .into_iter()
+        .rev()
+        .find(|m| m.mountpoint == mountpoint && m.fstype == "fuse.redbfs")
+        .and_then(|m| m.source.strip_prefix("redbfs:").map(PathBuf::from))
+}
+
+/// Where the store at `store` is mounted, if it is.
+pub fn mountpoint_of_store(store: &Path) -> Option<PathBuf> {
+    let source = format!("redbfs:{}", store.display());
+    mounts()
+        .into_iter()
+        .find(|m| m.fstype == "fuse.redbfs" && m.source == source)
+        .map(|m| m.mountpoint)
+}
+
+fn is_stale(mountpoint: &Path) -> bool {
+    matches!(std::fs::metadata(mountpoint), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+/// Detaches a mount whose daemon is gone.
+fn clear_stale(mountpoint: &Path) -> Result<(), String> {
+    let r = if nix::unistd::geteuid().is_root() {
+        nix::mount::umount2(mountpoint, MntFlags::MNT_DETACH).map_err(|e| e.to_string())
+    } else {
+        fusermount_unmount(mountpoint)
+    };
+    r.map_err(|e| {
+        format!(
+            "{}: could not clear the stale mount: {e}",
+            mountpoint.display()
+        )
+    })
+}
+
+fn fusermount_unmount(mountpoint: &Path) -> Result<(), String> {
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .output()
+        .map_err(|e| format!("fusermount3: {e} (install the fuse3 package)"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Unmounts a live mount: a plain unmount, or a lazy one if files are still open.
+pub fn kernel_unmount(mountpoint: &Path) -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return fusermount_unmount(mountpoint);
+    }
+    match nix::mount::umount(mountpoint) {
+        Ok(()) => Ok(()),
+        Err(Errno::EBUSY) => {
+            tracing::warn!(mountpoint = %mountpoint.display(), "busy: detaching lazily; the daemon exits when the last open file closes");
+            nix::mount::umount2(mountpoint, MntFlags::MNT_DETACH).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Prepares the mountpoint: clears a stale mount, refuses a live one or one holding files.
+fn prepare_mountpoint(mp: &Path) -> Result<(), String> {
+    if is_stale(mp) {
+        clear_stale(mp)?;
+        tracing::warn!(mountpoint = %mp.display(), "cleared a stale mount left by a daemon that died");
+    }
+    match std::fs::metadata(mp) {
+        Ok(m) if !m.is_dir() => return Err(format!("{}: not a directory", mp.display())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(mp)
+                .map_err(|e| format!("{}: cannot create: {e}", mp.display()))?;
+        }
+        Err(e) => return Err(format!("{}: {e}", mp.display())),
+    }
+    if let Some(m) = mounts().into_iter().rev().find(|m| m.mountpoint == mp) {
+        return Err(format!(
+            "{} is already a live mount ({} from {}); run `redbfs unmount {}` first",
+            mp.display(),
+            m.fstype,
+            m.source,
+            mp.display()
+        ));
+    }
+    let holds_files = std::fs::read_dir(mp)
+        .map_err(|e| format!("{}: {e}", mp.display()))?
+        .next()
+        .is_some();
+    if holds_files {
+        return Err(format!(
+            "{} holds files; redbfs mounts only on an empty directory. To bring those files into a \
+             store: move them aside, then `redbfs import <dir> <store>` and mount",
+            mp.display()
+        ));
+    }
+    Ok(())
+}
+
+fn open_store(store_path: &Path, overrides: &LimitOverrides) -> Result<(Store, Limits), String> {
+    if let Some(parent) = store_path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let owner = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let store = Store::open_or_create(store_path, owner).map_err(|e| match e {
+        StoreError::AlreadyOpen(_) => match mountpoint_of_store(store_path) {
+            Some(mp) => format!(
+                "store {} is already opened by another redbfs daemon, mounted at {}",
+                store_path.display(),
+                mp.display()
+            ),
+            None => format!(
+                "store {} is already opened by another process",
+                store_path.display()
+            ),
+        },
+        other => other.to_string(),
+    })?;
+    let stored = store
+        .read()
+        .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+        .map_err(|e| e.to_string())?
+        .and_then(|b| serde_json::from_slice::<Limits>(&b).ok())
+        .unwrap_or_default();
+    let limits = overrides.apply(stored.clone());
+    if limits != stored
+        || store
+            .read()
+            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+            .ok()
+            .flatten()
+            .is_none()
+    {
+        let json = serde_json::to_vec(&limits).map_err(|e| e.to_string())?;
+        let w = store.write().map_err(|e| e.to_string())?;
+        w.put_meta(crate::store::schema::META_LIMITS, &json)
+            .map_err(|e| e.to_string())?;
+        w.commit(crate::store::Sync::Durable)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok((store, limits))
+}
+
+/// Mounts with mount(2) as `fuse.redbfs`, returning the `/dev/fuse` descriptor; `None` when
+/// this process may not mount (not root), so fusermount3 must.
+fn kernel_mount(mp: &Path, source: &str, allow_other: bool) -> Result<Option<OwnedFd>, String> {
+    let fd = nix::fcntl::open(
+        "/dev/fuse",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"))?;
+    let mut opts = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
+        fd.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    if allow_other {
+        opts.push_str(",allow_other");
+    }
+    let r = nix::mount::mount(
+        Some(source),
+        mp,
+        Some("fuse.redbfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(opts.as_str()),
+    );
+    match r {
+        Ok(()) => Ok(Some(fd)),
+        Err(Errno::EPERM) => Ok(None),
+        Err(e) => Err(format!("mount {}: {e}", mp.display())),
+    }
+}
+
+/// `redbfs mount`: in the background unless asked otherwise.
+pub fn mount(req: MountRequest) -> Result<(), String> {
+    if req.foreground || req.notify_fd.is_some() {
+        return run_daemon(req);
+    }
+    spawn_daemon(&req)
+}
+
+fn spawn_daemon(req: &MountRequest) -> Result<(), String> {
+    let mp = absolute(&req.mountpoint)?;
+    let (rd, wr) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(&req.argv)
+        .arg("--notify-fd")
+        .arg(wr.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let wr_raw = wr.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls: setsid and fcntl.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            let flags = libc::fcntl(wr_raw, libc::F_GETFD);
+            libc::fcntl(wr_raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the daemon: {e}"))?;
+    drop(wr);
+    let mut msg = String::new();
+    let _ = File::from(rd).read_to_string(&mut msg);
+    let msg = msg.trim();
+    if msg != "ready" {
+        let _ = child.wait();
+        return Err(if msg.is_empty() {
+            "the daemon exited before mounting (see its log)".to_string()
+        } else {
+            msg.to_string()
+        });
+    }
+    // Exit only once the mount answers.
+    for _ in 0..200 {
+        if std::fs::metadata(&mp).is_ok() && redbfs_mount_at(&mp).is_some() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err(format!(
+        "{} was mounted but does not answer a stat",
+        mp.display()
+    ))
+}
+
+fn notify(fd: Option<i32>, msg: &str) {
+    if let Some(fd) = fd {
+        // SAFETY: the fd was handed to us by the parent for exactly this message.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        let _ = writeln!(f, "{msg}");
+    }
+}
+
+fn run_daemon(req: MountRequest) -> Result<(), String> {
+    let res = run_daemon_inner(&req);
+    if let Err(e) = &res {
+        tracing::error!("{e}");
+        notify(req.notify_fd, e);
+    }
+    res
+}
+
+fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
+    let mp = absolute(&req.mountpoint)?;
+    let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
+    prepare_mountpoint(&mp)?;
+    let (store, limits) = open_store(&store_path, &req.limits)?;
+    let fs = Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?);
+
+    // Signals are taken by one thread; every thread started after this inherits the mask.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    for s in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        sigs.add(s);
+    }
+    sigs.thread_block().map_err(|e| format!("sigmask: {e}"))?;
+
+    let unmount_mp = mp.clone();
+    let daemon = Arc::new(Daemon {
+        fs: fs.clone(),
+        mountpoint: mp.clone(),
+        store: store_path.clone(),
+        unmount: Box::new(move || kernel_unmount(&unmount_mp)),
+    });
+    let socket = control::listen(daemon).map_err(|e| format!("control socket: {e}"))?;
+
+    let signal_mp = mp.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = sigs.wait() {
+                tracing::info!(?sig, "unmounting on signal");
+                if let Err(e) = kernel_unmount(&signal_mp) {
+                    tracing::error!("unmount on signal failed: {e}");
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+
+    let source = format!("redbfs:{}", store_path.display());
+    let notify_fd = req.notify_fd;
+    let on_ready = move || {
+        tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
+        notify(notify_fd, "ready");
+    };
+    let served = match kernel_mount(&req.mountpoint_abs()?, &source, req.allow_other)? {
+        Some(fd) => crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready),
+        None => crate::fuse::mount_and_serve(
+            fs.clone(),
+            &req.mountpoint_abs()?,
+            &source,
+            req.allow_other,
+            req.threads,
+            on_ready,
+        ),
+    };
+    // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
+    fs.flush_all();
+    let _ = std::fs::remove_file(&socket);
+    served.map_err(|e| format!("serving the mount failed: {e}"))?;
+    tracing::info!("unmounted; store closed");
+    Ok(())
+}
+
+impl MountRequest {
+    fn mountpoint_abs(&self) -> Result<PathBuf, String> {
+        absolute(&self.mountpoint)
+    }
+}
+
+/// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
+pub fn unmount(mountpoint: &Path) -> Result<String, String> {
+    let mp = absolute(mountpoint)?;
+    let Some(store) = redbfs_mount_at(&mp) else {
+        if is_stale(&mp) {
+            clear_stale(&mp)?;
+            return Ok(format!("cleared a stale mount at {}", mp.display()));
+        }
+        return Err(format!("{} is not a redbfs mount", mp.display()));
+    };
+    match control::Client::connect(&store) {
+        Ok(mut c) => {
+            match c.call(&serde_json::json!({"op": "unmount"})) {
+                Ok(_) => {}
+                // The daemon may exit before its answer is written; the mount being gone is
+                // the answer then.
+                Err(_) if redbfs_mount_at(&mp).is_none() => {
+                    return Ok(format!("unmounted {}", mp.display()));
+                }
+                Err(e) => return Err(e),
+            }
+            if !c.wait_closed(Duration::from_secs(300)) {
+                return Err(format!(
+                    "{} was unmounted but the daemon has not exited yet",
+                    mp.display()
+                ));
+            }
+            Ok(format!("unmounted {}", mp.display()))
+        }
+        Err(_) => {
+            // No daemon answers: the mount is stale or the daemon is wedged.
+            clear_stale(&mp)?;
+            Ok(format!(
+                "detached {} (its daemon did not answer)",
+                mp.display()
+            ))
+        }
+    }
+}

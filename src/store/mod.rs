@@ -1,0 +1,701 @@
+//! The only module that names redb. A `Store` owns one redb database file; `ReadTxn` and
+//! `WriteTxn` are the only ways in, so every change the filesystem makes is one redb
+//! transaction that commits whole or not at all.
+//!
+//! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
+//! directory counts) change in the same transaction as the records they count.
+
+pub mod schema;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use schema::*;
+pub use schema::{CHUNK_SIZE, FORMAT_VERSION, Inode, Kind, ROOT_INO};
+
+/// Why the store could not do what was asked.
+#[derive(Debug)]
+pub enum StoreError {
+    /// Another process (normally a running daemon) holds the file.
+    AlreadyOpen(PathBuf),
+    /// The file is a store of a format this build does not know.
+    UnknownFormat { path: PathBuf, found: u32 },
+    /// The file is not a redbfs store, or a record in it does not decode.
+    Corrupt(String),
+    /// The disk (or the filesystem under the store file) is full.
+    Full,
+    /// Any other failure of the storage engine or the disk under it.
+    Io(String),
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::AlreadyOpen(p) => write!(
+                f,
+                "{} is already open in another process (is it mounted? see `redbfs status`)",
+                p.display()
+            ),
+            StoreError::UnknownFormat { path, found } => write!(
+                f,
+                "{} has store format version {found}, but this redbfs reads version {FORMAT_VERSION}; \
+                 use a redbfs release that knows it",
+                path.display()
+            ),
+            StoreError::Corrupt(m) => write!(f, "the store is damaged: {m}; run `redbfs check`"),
+            StoreError::Full => write!(f, "no space left on the disk that holds the store"),
+            StoreError::Io(m) => write!(f, "store I/O error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+fn map_err(e: impl Into<redb::Error>) -> StoreError {
+    let e: redb::Error = e.into();
+    match e {
+        redb::Error::DatabaseAlreadyOpen => StoreError::AlreadyOpen(PathBuf::new()),
+        redb::Error::Corrupted(m) => StoreError::Corrupt(m),
+        redb::Error::Io(io) if io.raw_os_error() == Some(libc::ENOSPC) => StoreError::Full,
+        redb::Error::Io(io) if io.raw_os_error() == Some(libc::EDQUOT) => StoreError::Full,
+        other => StoreError::Io(other.to_string()),
+    }
+}
+
+fn corrupt(what: &str, ino: u64) -> StoreError {
+    StoreError::Corrupt(format!("{what} of inode {ino} does not decode"))
+}
+
+/// How a write transaction reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// On disk before `commit` returns (one fsync).
+    Durable,
+    /// Visible at once, on disk with the next durable commit; lost if the process dies first.
+    Deferred,
+}
+
+/// Counts kept in `meta`, for status, statfs and quotas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Usage {
+    pub files: u64,
+    pub dirs: u64,
+    pub content_bytes: u64,
+}
+
+const META_FILES: &str = "files";
+const META_DIRS: &str = "dirs";
+const META_CONTENT_BYTES: &str = "content_bytes";
+
+/// An open store file.
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+    /// A deferred commit has happened that no durable commit has covered yet.
+    unsynced: AtomicBool,
+}
+
+impl Store {
+    /// Opens the store at `path`, creating it (with an empty root directory owned by
+    /// `root_owner`) when the file does not exist.
+    pub fn open_or_create(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
+        let exists = path.exists();
+        let db = if exists {
+            Database::open(path)
+        } else {
+            Database::create(path)
+        }
+        .map_err(|e| match map_err(e) {
+            StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
+            other => other,
+        })?;
+        let store = Store {
+            db,
+            path: path.to_path_buf(),
+            unsynced: AtomicBool::new(false),
+        };
+        store.init_or_verify(root_owner)?;
+        Ok(store)
+    }
+
+    /// Opens an existing store; refuses a missing file.
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        if !path.exists() {
+            return Err(StoreError::Io(format!("{}: no such store", path.display())));
+        }
+        Store::open_or_create(path, (0, 0))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn init_or_verify(&self, root_owner: (u32, u32)) -> Result<(), StoreError> {
+        let r = self.read()?;
+        match r.meta_u64(META_FORMAT)? {
+            Some(v) if v == FORMAT_VERSION as u64 => return Ok(()),
+            Some(v) => {
+                return Err(StoreError::UnknownFormat {
+                    path: self.path.clone(),
+                    found: v as u32,
+                });
+            }
+            None => {}
+        }
+        drop(r);
+        let mut w = self.write()?;
+        if w.table_len_inodes()? != 0 {
+            return Err(StoreError::Corrupt(
+                "inodes exist but no format version is recorded".into(),
+            ));
+        }
+        let now = now_ns();
+        let tx = &w.tx;
+        {
+            let mut meta = tx.open_table(META).map_err(map_err)?;
+            meta.insert(
+                META_FORMAT,
+                (FORMAT_VERSION as u64).to_le_bytes().as_slice(),
+            )
+            .map_err(map_err)?;
+            meta.insert(META_NEXT_INO, (ROOT_INO + 1).to_le_bytes().as_slice())
+                .map_err(map_err)?;
+            meta.insert(META_NEXT_BLOB, 1u64.to_le_bytes().as_slice())
+                .map_err(map_err)?;
+            meta.insert(META_CREATED, now.to_le_bytes().as_slice())
+                .map_err(map_err)?;
+            // Create every table so read transactions never meet a missing one.
+            tx.open_table(DIRENTS).map_err(map_err)?;
+            tx.open_table(FILEMAP).map_err(map_err)?;
+            tx.open_table(BLOBS).map_err(map_err)?;
+            tx.open_table(ORPHANS).map_err(map_err)?;
+        }
+        w.put_inode(&Inode {
+            ino: ROOT_INO,
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: root_owner.0,
+            gid: root_owner.1,
+            size: 0,
+            nlink: 2,
+            parent: ROOT_INO,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            name: String::new(),
+        })?;
+        w.commit(Sync::Durable)
+    }
+
+    /// Begins a read transaction: a consistent snapshot that never waits for a writer.
+    pub fn read(&self) -> Result<ReadTxn, StoreError> {
+        Ok(ReadTxn {
+            tx: self.db.begin_read().map_err(map_err)?,
+        })
+    }
+
+    /// Begins a write transaction, waiting for any other writer to finish.
+    pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
+        Ok(WriteTxn {
+            tx: self.db.begin_write().map_err(map_err)?,
+            store: self,
+            usage: UsageDelta::default(),
+        })
+    }
+
+    /// Makes every deferred commit durable, if any is pending.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        if self.unsynced.load(Ordering::Acquire) {
+            self.write()?.commit(Sync::Durable)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the store file occupies on disk.
+    pub fn file_bytes(&self) -> u64 {
+        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Runs redb's own integrity check (page checksums and tree structure).
+    pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
+        self.db.check_integrity().map_err(map_err)
+    }
+}
+
+/// Bytes available to unprivileged users on the filesystem that holds `path`.
+pub fn disk_available(path: &Path) -> u64 {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .unwrap_or(0)
+}
+
+/// Nanoseconds since the Unix epoch.
+pub fn now_ns() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+// Reads shared by read and write transactions, over whichever table handle they hold.
+
+fn get_inode_in(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    ino: u64,
+) -> Result<Option<Inode>, StoreError> {
+    match t.get(ino).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => Inode::decode(ino, v.value())
+            .map(Some)
+            .ok_or_else(|| corrupt("record", ino)),
+    }
+}
+
+fn lookup_in(
+    t: &impl ReadableTable<(u64, &'static str), (u64, u8)>,
+    parent: u64,
+    name: &str,
+) -> Result<Option<(u64, Kind)>, StoreError> {
+    match t.get((parent, name)).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => {
+            let (ino, k) = v.value();
+            Kind::from_byte(k)
+                .map(|k| Some((ino, k)))
+                .ok_or_else(|| corrupt("dirent kind", ino))
+        }
+    }
+}
+
+/// One directory entry as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: u64,
+    pub kind: Kind,
+}
+
+fn list_in(
+    t: &impl ReadableTable<(u64, &'static str), (u64, u8)>,
+    parent: u64,
+    limit: usize,
+) -> Result<Vec<DirEntry>, StoreError> {
+    let mut out = Vec::new();
+    for item in t.range((parent, "")..(parent + 1, "")).map_err(map_err)? {
+        let (k, v) = item.map_err(map_err)?;
+        let (ino, kind) = v.value();
+        out.push(DirEntry {
+            name: k.value().1.to_string(),
+            ino,
+            kind: Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?,
+        });
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn chunk_in(
+    map: &impl ReadableTable<(u64, u64), u64>,
+    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    ino: u64,
+    idx: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(blob) = map.get((ino, idx)).map_err(map_err)?.map(|v| v.value()) else {
+        return Ok(None);
+    };
+    match blobs.get(blob).map_err(map_err)? {
+        Some(v) => Ok(Some(v.value().to_vec())),
+        None => Err(StoreError::Corrupt(format!(
+            "chunk {idx} of inode {ino} points to missing blob {blob}"
+        ))),
+    }
+}
+
+fn meta_u64_in(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<u64>, StoreError> {
+    match t.get(key).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => {
+            let b: [u8; 8] = v
+                .value()
+                .try_into()
+                .map_err(|_| StoreError::Corrupt(format!("meta {key} is not a u64")))?;
+            Ok(Some(u64::from_le_bytes(b)))
+        }
+    }
+}
+
+/// A read-only snapshot of the store.
+pub struct ReadTxn {
+    tx: redb::ReadTransaction,
+}
+
+impl ReadTxn {
+    pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+    }
+
+    /// The entries of directory `parent`, in name order.
+    pub fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError> {
+        list_in(
+            &self.tx.open_table(DIRENTS).map_err(map_err)?,
+            parent,
+            usize::MAX,
+        )
+    }
+
+    /// Reads chunks `first..first+count` of `ino`; a hole is `None`.
+    pub fn chunks(
+        &self,
+        ino: u64,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        (first..first + count)
+            .map(|i| chunk_in(&map, &blobs, ino, i))
+            .collect()
+    }
+
+    pub fn meta_u64(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        match self.tx.open_table(META) {
+            Ok(t) => meta_u64_in(&t, key),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    pub fn meta_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = self.tx.open_table(META).map_err(map_err)?;
+        Ok(t.get(key).map_err(map_err)?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        Ok(Usage {
+            files: self.meta_u64(META_FILES)?.unwrap_or(0),
+            dirs: self.meta_u64(META_DIRS)?.unwrap_or(0),
+            content_bytes: self.meta_u64(META_CONTENT_BYTES)?.unwrap_or(0),
+        })
+    }
+
+    pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
+        let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            out.push(item.map_err(map_err)?.0.value());
+        }
+        Ok(out)
+    }
+
+    /// Every inode record, in inode order (for check and tools).
+    pub fn all_inodes(&self) -> Result<Vec<Inode>, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let ino = k.value();
+            out.push(Inode::decode(ino, v.value()).ok_or_else(|| corrupt("record", ino))?);
+        }
+        Ok(out)
+    }
+
+    /// Every dirent as (parent, entry), in key order (for check and tools).
+    pub fn all_dirents(&self) -> Result<Vec<(u64, DirEntry)>, StoreError> {
+        let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (parent, name) = k.value();
+            let (ino, kind) = v.value();
+            out.push((
+                parent,
+                DirEntry {
+                    name: name.to_string(),
+                    ino,
+                    kind: Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Every (ino, chunk index, blob length) in key order (for check and tools).
+    pub fn all_chunks(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in map.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, idx) = k.value();
+            let len = blobs
+                .get(v.value())
+                .map_err(map_err)?
+                .map(|b| b.value().len() as u64)
+                .ok_or_else(|| corrupt("blob", ino))?;
+            out.push((ino, idx, len));
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Default)]
+struct UsageDelta {
+    files: i64,
+    dirs: i64,
+    content_bytes: i64,
+}
+
+/// A write transaction. Dropping it without `commit` rolls everything back.
+pub struct WriteTxn<'s> {
+    tx: redb::WriteTransaction,
+    store: &'s Store,
+    usage: UsageDelta,
+}
+
+impl WriteTxn<'_> {
+    fn table_len_inodes(&self) -> Result<u64, StoreError> {
+        self.tx
+            .open_table(INODES)
+            .map_err(map_err)?
+            .len()
+            .map_err(map_err)
+    }
+
+    pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+    }
+
+    /// Up to `limit` entries of directory `parent`, in name order.
+    pub fn list(&self, parent: u64, limit: usize) -> Result<Vec<DirEntry>, StoreError> {
+        list_in(
+            &self.tx.open_table(DIRENTS).map_err(map_err)?,
+            parent,
+            limit,
+        )
+    }
+
+    pub fn chunk(&self, ino: u64, idx: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        chunk_in(&map, &blobs, ino, idx)
+    }
+
+    fn next_counter(&self, key: &str) -> Result<u64, StoreError> {
+        let mut meta = self.tx.open_table(META).map_err(map_err)?;
+        let n = meta_u64_in(&meta, key)?
+            .ok_or_else(|| StoreError::Corrupt(format!("meta {key} missing")))?;
+        meta.insert(key, (n + 1).to_le_bytes().as_slice())
+            .map_err(map_err)?;
+        Ok(n)
+    }
+
+    /// A fresh inode number, never used before in this store.
+    pub fn alloc_ino(&self) -> Result<u64, StoreError> {
+        self.next_counter(META_NEXT_INO)
+    }
+
+    /// Writes an inode record, keeping the usage counters in step.
+    pub fn put_inode(&mut self, inode: &Inode) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(INODES).map_err(map_err)?;
+        let old = get_inode_in(&t, inode.ino)?;
+        match &old {
+            None => match inode.kind {
+                Kind::File => self.usage.files += 1,
+                Kind::Dir => self.usage.dirs += 1,
+            },
+            Some(o) => self.usage.content_bytes -= o.size as i64,
+        }
+        self.usage.content_bytes += inode.size as i64;
+        t.insert(inode.ino, inode.encode().as_slice())
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// Deletes an inode record with all its content and any orphan mark.
+    pub fn delete_inode(&mut self, ino: u64) -> Result<(), StoreError> {
+        let old = {
+            let mut t = self.tx.open_table(INODES).map_err(map_err)?;
+            let old = get_inode_in(&t, ino)?;
+            t.remove(ino).map_err(map_err)?;
+            old
+        };
+        if let Some(o) = old {
+            match o.kind {
+                Kind::File => self.usage.files -= 1,
+                Kind::Dir => self.usage.dirs -= 1,
+            }
+            self.usage.content_bytes -= o.size as i64;
+        }
+        self.remove_chunks_from(ino, 0)?;
+        self.tx
+            .open_table(ORPHANS)
+            .map_err(map_err)?
+            .remove(ino)
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    pub fn put_dirent(
+        &self,
+        parent: u64,
+        name: &str,
+        ino: u64,
+        kind: Kind,
+    ) -> Result<(), StoreError> {
+        self.tx
+            .open_table(DIRENTS)
+            .map_err(map_err)?
+            .insert((parent, name), (ino, kind.to_byte()))
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    pub fn remove_dirent(&self, parent: u64, name: &str) -> Result<(), StoreError> {
+        self.tx
+            .open_table(DIRENTS)
+            .map_err(map_err)?
+            .remove((parent, name))
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// Stores `data` as chunk `idx` of `ino` in a new blob, releasing the blob it replaces.
+    pub fn put_chunk(&self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
+        let blob = self.next_counter(META_NEXT_BLOB)?;
+        self.tx
+            .open_table(BLOBS)
+            .map_err(map_err)?
+            .insert(blob, data)
+            .map_err(map_err)?;
+        let old = self
+            .tx
+            .open_table(FILEMAP)
+            .map_err(map_err)?
+            .insert((ino, idx), blob)
+            .map_err(map_err)?
+            .map(|v| v.value());
+        if let Some(old) = old {
+            self.tx
+                .open_table(BLOBS)
+                .map_err(map_err)?
+                .remove(old)
+                .map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    /// Removes chunks `first..` of `ino` and their blobs.
+    pub fn remove_chunks_from(&self, ino: u64, first: u64) -> Result<(), StoreError> {
+        let mut map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut removed = Vec::new();
+        map.retain_in((ino, first)..=(ino, u64::MAX), |_, blob| {
+            removed.push(blob);
+            false
+        })
+        .map_err(map_err)?;
+        for b in removed {
+            blobs.remove(b).map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    pub fn add_orphan(&self, ino: u64) -> Result<(), StoreError> {
+        self.tx
+            .open_table(ORPHANS)
+            .map_err(map_err)?
+            .insert(ino, ())
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
+        let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            out.push(item.map_err(map_err)?.0.value());
+        }
+        Ok(out)
+    }
+
+    pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.tx
+            .open_table(META)
+            .map_err(map_err)?
+            .insert(key, value)
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        let meta = self.tx.open_table(META).map_err(map_err)?;
+        let get = |k| meta_u64_in(&meta, k).map(|v| v.unwrap_or(0));
+        let apply = |base: u64, d: i64| base.saturating_add_signed(d);
+        Ok(Usage {
+            files: apply(get(META_FILES)?, self.usage.files),
+            dirs: apply(get(META_DIRS)?, self.usage.dirs),
+            content_bytes: apply(get(META_CONTENT_BYTES)?, self.usage.content_bytes),
+        })
+    }
+
+    /// Commits everything written in this transaction.
+    pub fn commit(mut self, sync: Sync) -> Result<(), StoreError> {
+        let usage = self.usage()?;
+        {
+            let mut meta = self.tx.open_table(META).map_err(map_err)?;
+            for (k, v) in [
+                (META_FILES, usage.files),
+                (META_DIRS, usage.dirs),
+                (META_CONTENT_BYTES, usage.content_bytes),
+            ] {
+                meta.insert(k, v.to_le_bytes().as_slice())
+                    .map_err(map_err)?;
+            }
+        }
+        let durability = match sync {
+            Sync::Durable => redb::Durability::Immediate,
+            Sync::Deferred => redb::Durability::None,
+        };
+        self.tx
+            .set_durability(durability)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let store = self.store;
+        if sync == Sync::Durable {
+            // Cleared inside the write lock: every deferred commit that finished before this
+            // transaction began is covered by this one.
+            store.unsynced.store(false, Ordering::Release);
+        }
+        match self.tx.commit().map_err(map_err) {
+            Ok(()) => {
+                if sync == Sync::Deferred {
+                    store.unsynced.store(true, Ordering::Release);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                store.unsynced.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
+    }
+}
