@@ -151,8 +151,10 @@ pub fn mountpoint_of_store(store: &Path) -> Option<PathBuf> {
         .map(|m| m.mountpoint)
 }
 
+/// Whether a FUSE mount at `mountpoint` has lost its daemon. statfs always reaches the daemon
+/// (stat may be answered from the kernel's attribute cache), so it is the probe.
 fn is_stale(mountpoint: &Path) -> bool {
-    matches!(std::fs::metadata(mountpoint), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    matches!(nix::sys::statfs::statfs(mountpoint), Err(Errno::ENOTCONN))
 }
 
 /// Detaches a mount whose daemon is gone.

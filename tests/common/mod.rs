@@ -114,6 +114,12 @@ impl TestMount {
         );
     }
 
+    /// Mounts again after the daemon was killed: `redbfs mount` must clear the stale mount.
+    pub fn mount_after_crash(&mut self) {
+        self.mounted = false;
+        self.mount();
+    }
+
     /// Unmounts and mounts the same store again.
     pub fn remount(&mut self) {
         self.unmount();

@@ -1,0 +1,415 @@
+//! Core tests: `Fs` driven directly over a store in a temporary file, no mount.
+
+use redbfs::fs::{Caller, Error, Fs, Limits, OpenMode, SetAttr, TimeSet};
+use redbfs::store::{Kind, ROOT_INO, Store};
+
+const ME: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: 1,
+};
+
+fn new_fs() -> (tempfile::TempDir, Fs) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (1000, 1000)).unwrap();
+    (dir, Fs::new(store, Limits::default()).unwrap())
+}
+
+fn reopen(dir: &tempfile::TempDir, fs: Fs) -> Fs {
+    drop(fs);
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    Fs::new(store, Limits::default()).unwrap()
+}
+
+fn rw() -> OpenMode {
+    OpenMode {
+        write: true,
+        ..OpenMode::default()
+    }
+}
+
+fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
+    let (inode, fh) = fs
+        .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.write(fh, 0, data).unwrap();
+    fs.flush(fh).unwrap();
+    fs.release(fh).unwrap();
+    inode.ino
+}
+
+fn read_all(fs: &Fs, ino: u64) -> Vec<u8> {
+    let fh = fs.open(ino, OpenMode::default()).unwrap();
+    let data = fs.read(fh, 0, u32::MAX).unwrap();
+    fs.release(fh).unwrap();
+    data
+}
+
+fn names(fs: &Fs, dir: u64) -> Vec<String> {
+    let fh = fs.opendir(dir).unwrap();
+    let e = fs.readdir(fh, 0).unwrap();
+    fs.releasedir(fh).unwrap();
+    e.iter().skip(2).map(|e| e.name.clone()).collect()
+}
+
+#[test]
+fn create_write_read_survives_reopen() {
+    let (dir, fs) = new_fs();
+    let d = fs.mkdir(ME, ROOT_INO, b"memories", 0o700, 0).unwrap();
+    assert_eq!(d.nlink, 2);
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
+    let ino = write_file(&fs, d.ino, "notes.md", b"hello world");
+    let fs = reopen(&dir, fs);
+    let found = fs.lookup(d.ino, b"notes.md").unwrap();
+    assert_eq!(found.ino, ino);
+    assert_eq!(found.size, 11);
+    assert_eq!(found.uid, 1000);
+    assert_eq!(found.perm, 0o600);
+    assert_eq!(read_all(&fs, ino), b"hello world");
+}
+
+#[test]
+fn exclusive_create_of_existing_name_is_eexist() {
+    let (_d, fs) = new_fs();
+    write_file(&fs, ROOT_INO, "a", b"1");
+    let e = fs
+        .create(ME, ROOT_INO, b"a", 0o600, 0, libc::O_WRONLY)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EEXIST);
+}
+
+#[test]
+fn holes_read_as_zeros_and_size_is_exact_while_buffered() {
+    let (_d, fs) = new_fs();
+    let (inode, fh) = fs
+        .create(ME, ROOT_INO, b"sparse", 0o644, 0, libc::O_RDWR)
+        .unwrap();
+    fs.write(fh, 200_000, b"end").unwrap();
+    // Another handle sees the buffered size before any commit.
+    let fh2 = fs.open(inode.ino, OpenMode::default()).unwrap();
+    assert_eq!(fs.getattr(inode.ino).unwrap().size, 200_003);
+    let data = fs.read(fh2, 0, 300_000).unwrap();
+    assert_eq!(data.len(), 200_003);
+    assert!(data[..200_000].iter().all(|&b| b == 0));
+    assert_eq!(&data[200_000..], b"end");
+    fs.release(fh).unwrap();
+    fs.release(fh2).unwrap();
+    assert_eq!(read_all(&fs, inode.ino).len(), 200_003);
+}
+
+#[test]
+fn truncate_then_grow_reads_zeros_not_old_bytes() {
+    let (_d, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "f", &vec![7u8; 150_000]);
+    fs.setattr(
+        ino,
+        SetAttr {
+            size: Some(70_000),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    fs.setattr(
+        ino,
+        SetAttr {
+            size: Some(140_000),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    let data = read_all(&fs, ino);
+    assert_eq!(data.len(), 140_000);
+    assert!(data[..70_000].iter().all(|&b| b == 7));
+    assert!(data[70_000..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn o_trunc_is_buffered_until_close() {
+    let (_d, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "f", b"old content");
+    let fh = fs
+        .open(
+            ino,
+            OpenMode {
+                write: true,
+                truncate: true,
+                ..OpenMode::default()
+            },
+        )
+        .unwrap();
+    fs.write(fh, 0, b"new").unwrap();
+    // The store still has the old content until the handle commits.
+    let stored = fs.store().read().unwrap().inode(ino).unwrap().unwrap();
+    assert_eq!(stored.size, 11);
+    fs.release(fh).unwrap();
+    assert_eq!(read_all(&fs, ino), b"new");
+}
+
+#[test]
+fn append_writes_at_the_end() {
+    let (_d, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "log", b"one\n");
+    let fh = fs
+        .open(
+            ino,
+            OpenMode {
+                write: true,
+                append: true,
+                ..OpenMode::default()
+            },
+        )
+        .unwrap();
+    fs.write(fh, 0, b"two\n").unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(read_all(&fs, ino), b"one\ntwo\n");
+}
+
+#[test]
+fn rmdir_non_empty_is_enotempty() {
+    let (_d, fs) = new_fs();
+    let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap();
+    write_file(&fs, d.ino, "x", b"1");
+    assert_eq!(
+        fs.rmdir(ROOT_INO, b"d").unwrap_err().errno(),
+        libc::ENOTEMPTY
+    );
+    fs.unlink(d.ino, b"x").unwrap();
+    fs.rmdir(ROOT_INO, b"d").unwrap();
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 2);
+    assert!(matches!(fs.lookup(ROOT_INO, b"d"), Err(Error::NotFound)));
+}
+
+#[test]
+fn rename_replaces_files_and_moves_directories() {
+    let (_d, fs) = new_fs();
+    let a = fs.mkdir(ME, ROOT_INO, b"a", 0o755, 0).unwrap();
+    let b = fs.mkdir(ME, ROOT_INO, b"b", 0o755, 0).unwrap();
+    let src = write_file(&fs, a.ino, "src", b"new");
+    write_file(&fs, a.ino, "dst", b"old");
+    fs.rename(a.ino, b"src", a.ino, b"dst", 0).unwrap();
+    assert_eq!(names(&fs, a.ino), vec!["dst"]);
+    assert_eq!(read_all(&fs, src), b"new");
+    // Move a into b: nlink of both parents follows.
+    fs.rename(ROOT_INO, b"a", b.ino, b"a2", 0).unwrap();
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(fs.getattr(b.ino).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(b.ino, b"a2").unwrap().ino, a.ino);
+    assert_eq!(fs.path_of(src), "/b/a2/dst");
+}
+
+#[test]
+fn rename_errors() {
+    let (_d, fs) = new_fs();
+    let a = fs.mkdir(ME, ROOT_INO, b"a", 0o755, 0).unwrap();
+    let sub = fs.mkdir(ME, a.ino, b"sub", 0o755, 0).unwrap();
+    let full = fs.mkdir(ME, ROOT_INO, b"full", 0o755, 0).unwrap();
+    write_file(&fs, full.ino, "x", b"1");
+    write_file(&fs, ROOT_INO, "f", b"1");
+    let errno = |r: Result<(), Error>| r.unwrap_err().errno();
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"a", sub.ino, b"a", 0)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"a", a.ino, b"x", 0)),
+        libc::EINVAL
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"a", ROOT_INO, b"full", 0)),
+        libc::ENOTEMPTY
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"a", ROOT_INO, b"f", 0)),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0)),
+        libc::EISDIR
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"f", ROOT_INO, b"full", libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(fs.rename(ROOT_INO, b"nope", ROOT_INO, b"x", 0)),
+        libc::ENOENT
+    );
+}
+
+#[test]
+fn rename_exchange_swaps_atomically() {
+    let (_d, fs) = new_fs();
+    let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let f = write_file(&fs, ROOT_INO, "f", b"file");
+    fs.rename(ROOT_INO, b"d", ROOT_INO, b"f", libc::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, d.ino);
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, f);
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().kind, Kind::File);
+}
+
+#[test]
+fn unlinked_open_file_lives_until_last_release() {
+    let (dir, fs) = new_fs();
+    let (inode, fh) = fs
+        .create(ME, ROOT_INO, b"tmp", 0o600, 0, libc::O_RDWR)
+        .unwrap();
+    fs.write(fh, 0, b"still here").unwrap();
+    fs.flush(fh).unwrap();
+    fs.unlink(ROOT_INO, b"tmp").unwrap();
+    assert!(matches!(fs.lookup(ROOT_INO, b"tmp"), Err(Error::NotFound)));
+    fs.write(fh, 10, b"!").unwrap();
+    assert_eq!(fs.read(fh, 0, 100).unwrap(), b"still here!");
+    assert_eq!(
+        fs.store().read().unwrap().orphans().unwrap(),
+        vec![inode.ino]
+    );
+    fs.release(fh).unwrap();
+    assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
+    assert!(
+        fs.store()
+            .read()
+            .unwrap()
+            .inode(inode.ino)
+            .unwrap()
+            .is_none()
+    );
+    let fs = reopen(&dir, fs);
+    assert_eq!(fs.store().read().unwrap().usage().unwrap().files, 0);
+}
+
+#[test]
+fn orphans_left_by_a_crash_are_reclaimed_at_open() {
+    let (dir, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "tmp", b"content");
+    // What a crash leaves when a file was unlinked while open: no name, an orphan mark.
+    let mut w = fs.store().write().unwrap();
+    w.remove_dirent(ROOT_INO, "tmp").unwrap();
+    w.add_orphan(ino).unwrap();
+    w.commit(redbfs::store::Sync::Durable).unwrap();
+    let fs = reopen(&dir, fs);
+    let r = fs.store().read().unwrap();
+    assert!(r.inode(ino).unwrap().is_none());
+    assert!(r.orphans().unwrap().is_empty());
+    assert!(r.all_chunks().unwrap().is_empty());
+    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn setattr_mode_times_and_owner() {
+    let (_d, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "f", b"x");
+    let i = fs
+        .setattr(
+            ino,
+            SetAttr {
+                mode: Some(0o100640),
+                uid: Some(7),
+                gid: Some(8),
+                atime: Some(TimeSet::At(1_000_000_001)),
+                mtime: Some(TimeSet::At(2_000_000_002)),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((i.perm, i.uid, i.gid), (0o640, 7, 8));
+    assert_eq!((i.atime, i.mtime), (1_000_000_001, 2_000_000_002));
+    assert!(i.ctime > 2_000_000_002);
+}
+
+#[test]
+fn setgid_directories_pass_on_their_group() {
+    let (_d, fs) = new_fs();
+    let d = fs.mkdir(ME, ROOT_INO, b"shared", 0o2775, 0).unwrap();
+    fs.setattr(
+        d.ino,
+        SetAttr {
+            gid: Some(4242),
+            mode: Some(0o2775),
+            ..SetAttr::default()
+        },
+    )
+    .unwrap();
+    let sub = fs.mkdir(ME, d.ino, b"sub", 0o755, 0).unwrap();
+    assert_eq!(sub.gid, 4242);
+    assert_ne!(sub.perm & libc::S_ISGID, 0);
+    let f = fs.mknod(ME, d.ino, b"f", libc::S_IFREG | 0o644, 0).unwrap();
+    assert_eq!(f.gid, 4242);
+}
+
+#[test]
+fn special_files_are_refused_with_eperm() {
+    let (_d, fs) = new_fs();
+    for kind in [libc::S_IFIFO, libc::S_IFSOCK, libc::S_IFCHR, libc::S_IFBLK] {
+        let e = fs.mknod(ME, ROOT_INO, b"x", kind | 0o644, 0).unwrap_err();
+        assert_eq!(e.errno(), libc::EPERM);
+    }
+}
+
+#[test]
+fn names_are_normalised_to_nfc() {
+    let (_d, fs) = new_fs();
+    write_file(&fs, ROOT_INO, "cafe\u{301}.md", b"x");
+    assert_eq!(names(&fs, ROOT_INO), vec!["caf\u{e9}.md"]);
+    assert!(fs.lookup(ROOT_INO, "caf\u{e9}.md".as_bytes()).is_ok());
+    assert!(fs.lookup(ROOT_INO, "cafe\u{301}.md".as_bytes()).is_ok());
+    let e = fs.mkdir(ME, ROOT_INO, b"bad\nname", 0o755, 0).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+}
+
+#[test]
+fn readdir_offsets_stay_valid_while_the_directory_changes() {
+    let (_d, fs) = new_fs();
+    for i in 0..100 {
+        write_file(&fs, ROOT_INO, &format!("f{i:03}"), b"");
+    }
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    let first = fs.readdir(fh, 0).unwrap();
+    fs.unlink(ROOT_INO, b"f050").unwrap();
+    write_file(&fs, ROOT_INO, "zzz", b"");
+    let later = fs.readdir(fh, 52).unwrap();
+    assert_eq!(first[52].name, later[52].name);
+    fs.releasedir(fh).unwrap();
+}
+
+#[test]
+fn limits_refuse_with_their_errno() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    let limits = Limits {
+        max_file_bytes: 1000,
+        quota_bytes: 1500,
+        max_files: 4,
+        max_depth: 3,
+        max_path_bytes: 20,
+        ..Limits::default()
+    };
+    let fs = Fs::new(store, limits).unwrap();
+    let (_, fh) = fs
+        .create(ME, ROOT_INO, b"a", 0o644, 0, libc::O_WRONLY)
+        .unwrap();
+    assert_eq!(
+        fs.write(fh, 0, &[1u8; 1001]).unwrap_err().errno(),
+        libc::EFBIG
+    );
+    fs.write(fh, 0, &[1u8; 1000]).unwrap();
+    fs.release(fh).unwrap();
+    let (_, fh) = fs
+        .create(ME, ROOT_INO, b"b", 0o644, 0, libc::O_WRONLY)
+        .unwrap();
+    assert_eq!(
+        fs.write(fh, 0, &[1u8; 600]).unwrap_err().errno(),
+        libc::ENOSPC
+    );
+    fs.release(fh).unwrap();
+    let d1 = fs.mkdir(ME, ROOT_INO, b"d1", 0o755, 0).unwrap();
+    let e = fs
+        .mkdir(ME, d1.ino, b"this-name-is-too-long", 0o755, 0)
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENAMETOOLONG);
+    assert_eq!(
+        fs.mkdir(ME, d1.ino, b"d2", 0o755, 0).unwrap_err().errno(),
+        libc::ENOSPC,
+        "root, a, b, d1 already make 4 inodes"
+    );
+}

@@ -1,0 +1,354 @@
+//! Real mounts: the daemon's lifecycle (refusals, stale-mount recovery, persistence), how the
+//! mount shows in the mount table, and the operations that only a kernel mount exercises
+//! (special files, xattrs, statfs, open-unlinked files, attributes the SDK reads).
+
+mod common;
+
+use std::ffi::CString;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use common::{TestMount, fuse_available, redbfs};
+
+fn errno_of(r: std::io::Result<impl Sized>) -> i32 {
+    r.err().and_then(|e| e.raw_os_error()).unwrap_or(0)
+}
+
+fn mountinfo_line(mp: &Path) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    text.lines()
+        .find(|l| l.split(' ').nth(4) == Some(mp.to_str().unwrap()))
+        .map(str::to_string)
+}
+
+fn daemon_pid(m: &TestMount) -> i32 {
+    let out = redbfs(&["status", m.mountpoint.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["pid"].as_i64().unwrap() as i32
+}
+
+#[test]
+fn mount_shows_as_fuse_redbfs_with_its_store() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let line = mountinfo_line(&m.mountpoint).expect("mounted");
+    let (left, right) = line.split_once(" - ").unwrap();
+    let mut r = right.split(' ');
+    assert_eq!(r.next(), Some("fuse.redbfs"));
+    assert_eq!(
+        r.next(),
+        Some(format!("redbfs:{}", m.store.display()).as_str())
+    );
+    let opts = left.split(' ').nth(5).unwrap();
+    assert!(opts.contains("nosuid") && opts.contains("nodev"), "{opts}");
+    assert!(r.next().unwrap().contains("default_permissions"));
+    // The control socket sits beside the store, readable by its owner only.
+    let sock = std::fs::metadata(format!("{}.sock", m.store.display())).unwrap();
+    assert_eq!(sock.permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn refuses_live_mount_busy_store_and_mountpoint_with_files() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let mp = m.mountpoint.to_str().unwrap();
+    let out = redbfs(&[
+        "mount",
+        mp,
+        "--store",
+        m.dir.path().join("other.redb").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already a live mount"));
+
+    let mp2 = m.dir.path().join("mnt2");
+    let out = redbfs(&[
+        "mount",
+        mp2.to_str().unwrap(),
+        "--store",
+        m.store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("already opened by another redbfs daemon"),
+        "{err}"
+    );
+    assert!(err.contains(mp), "names the mountpoint: {err}");
+
+    let full = m.dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), "1").unwrap();
+    let out = redbfs(&["mount", full.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("redbfs import"));
+}
+
+#[test]
+fn unknown_store_format_is_refused() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    m.unmount();
+    // A store from a future release: same tables, newer format number.
+    {
+        let store = redbfs::store::Store::open_existing(&m.store).unwrap();
+        let w = store.write().unwrap();
+        w.put_meta("format", &99u64.to_le_bytes()).unwrap();
+        w.commit(redbfs::store::Sync::Durable).unwrap();
+    }
+    let out = redbfs(&[
+        "mount",
+        m.mountpoint.to_str().unwrap(),
+        "--store",
+        m.store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("format version 99"));
+}
+
+#[test]
+fn content_survives_unmount_and_a_killed_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::create_dir_all(m.path("memories/deep")).unwrap();
+    std::fs::write(m.path("memories/deep/a.md"), "alpha").unwrap();
+    m.remount();
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/deep/a.md")).unwrap(),
+        "alpha"
+    );
+
+    // fsync acknowledged, then SIGKILL: the content must be there after recovery.
+    let mut f = std::fs::File::create(m.path("memories/b.md")).unwrap();
+    f.write_all(b"bravo").unwrap();
+    f.sync_all().unwrap();
+    let pid = daemon_pid(&m);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    drop(f);
+    // Wait for the process to be gone, then the stale mount must be cleared by mount.
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        nix::sys::statfs::statfs(&m.mountpoint).err(),
+        Some(nix::errno::Errno::ENOTCONN)
+    );
+    m.mount_after_crash();
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/b.md")).unwrap(),
+        "bravo"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/deep/a.md")).unwrap(),
+        "alpha"
+    );
+}
+
+#[test]
+fn only_files_and_directories_exist() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::write(m.path("f"), "x").unwrap();
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("/etc/passwd", m.path("link"))),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno_of(std::fs::hard_link(m.path("f"), m.path("hard"))),
+        libc::EPERM
+    );
+    let fifo = CString::new(m.path("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string path.
+    let r = unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
+    let r = unsafe { libc::mknod(fifo.as_ptr(), libc::S_IFCHR | 0o644, libc::makedev(1, 3)) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::EPERM)
+    );
+    // mknod of a regular file is a create.
+    let reg = CString::new(m.path("reg").to_str().unwrap()).unwrap();
+    assert_eq!(
+        unsafe { libc::mknod(reg.as_ptr(), libc::S_IFREG | 0o640, 0) },
+        0
+    );
+    assert!(m.path("reg").is_file());
+    assert!(m.log_text().contains("symlink"), "the refusal is logged");
+}
+
+#[test]
+fn xattrs_are_not_supported_and_cp_a_still_works() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::write(m.path("f"), "x").unwrap();
+    let p = CString::new(m.path("f").to_str().unwrap()).unwrap();
+    let name = CString::new("user.test").unwrap();
+    // SAFETY: valid C strings and a valid buffer.
+    let r = unsafe { libc::setxattr(p.as_ptr(), name.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTSUP)
+    );
+    let src = m.dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("a.md"), "copied").unwrap();
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(m.path("copy"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        std::fs::read_to_string(m.path("copy/a.md")).unwrap(),
+        "copied"
+    );
+}
+
+#[test]
+fn unlinked_open_file_stays_readable_and_writable() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("tmp"))
+        .unwrap();
+    f.write_all(b"before").unwrap();
+    std::fs::remove_file(m.path("tmp")).unwrap();
+    assert!(!m.path("tmp").exists());
+    f.write_all(b" after").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "before after");
+    assert_eq!(f.metadata().unwrap().len(), 12);
+    drop(f);
+    let status = redbfs(&["status", m.mountpoint.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["files"], 0, "space reclaimed at last close");
+}
+
+#[test]
+fn attributes_match_what_the_sdk_prints() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::create_dir(m.path("d/sub")).unwrap();
+    std::fs::write(m.path("d/f"), vec![1u8; 5000]).unwrap();
+    let d = std::fs::metadata(m.path("d")).unwrap();
+    assert_eq!(d.len(), 4096);
+    assert_eq!(d.nlink(), 3);
+    let f = std::fs::metadata(m.path("d/f")).unwrap();
+    assert_eq!(f.len(), 5000);
+    assert_eq!(f.blocks(), 10);
+    assert_eq!(f.uid(), nix::unistd::getuid().as_raw());
+    // Inode numbers are stable across remounts.
+    let ino = f.ino();
+    let mut m = m;
+    m.remount();
+    assert_eq!(std::fs::metadata(m.path("d/f")).unwrap().ino(), ino);
+}
+
+#[test]
+fn statfs_reports_the_store() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::with_args(&["--quota", "10M"]);
+    std::fs::write(m.path("f"), vec![1u8; 1 << 20]).unwrap();
+    let s = nix::sys::statvfs::statvfs(&m.mountpoint).unwrap();
+    assert_eq!(s.block_size(), 4096);
+    assert_eq!(s.blocks(), 2560);
+    assert_eq!(s.blocks_free(), 2560 - 256);
+    assert_eq!(s.name_max(), 255);
+    let out = std::process::Command::new("df")
+        .arg(&m.mountpoint)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("redbfs:"));
+}
+
+#[test]
+fn unmount_of_a_path_that_is_not_mounted_says_so() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = redbfs(&["unmount", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a redbfs mount"));
+}
+
+#[test]
+fn foreground_daemon_unmounts_on_sigterm() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let mut child = std::process::Command::new(common::redbfs_bin())
+        .args(["mount", mp.to_str().unwrap(), "--foreground"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut mounted = false;
+    for _ in 0..400 {
+        if mountinfo_line(&mp).is_some() {
+            mounted = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(mounted, "foreground mount appeared");
+    std::fs::write(mp.join("x"), "1").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert!(mountinfo_line(&mp).is_none());
+    let out = redbfs(&["check", dir.path().join("mnt.redb").to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
