@@ -21,13 +21,6 @@ fn reopen(dir: &tempfile::TempDir, fs: Fs) -> Fs {
     Fs::new(store, Limits::default()).unwrap()
 }
 
-fn rw() -> OpenMode {
-    OpenMode {
-        write: true,
-        ..OpenMode::default()
-    }
-}
-
 fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
     let (inode, fh) = fs
         .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
@@ -283,7 +276,7 @@ fn orphans_left_by_a_crash_are_reclaimed_at_open() {
     let (dir, fs) = new_fs();
     let ino = write_file(&fs, ROOT_INO, "tmp", b"content");
     // What a crash leaves when a file was unlinked while open: no name, an orphan mark.
-    let mut w = fs.store().write().unwrap();
+    let w = fs.store().write().unwrap();
     w.remove_dirent(ROOT_INO, "tmp").unwrap();
     w.add_orphan(ino).unwrap();
     w.commit(redbfs::store::Sync::Durable).unwrap();

@@ -642,12 +642,12 @@ impl Fs {
         let f = self.acquire(ino)?;
         if mode.truncate && mode.write {
             let mut g = lock(&f);
-            if g.size != 0 {
-                if let Err(e) = g.truncate(&self.store, 0, now_ns()) {
-                    drop(g);
-                    self.release_file(&f);
-                    return Err(e);
-                }
+            if g.size != 0
+                && let Err(e) = g.truncate(&self.store, 0, now_ns())
+            {
+                drop(g);
+                self.release_file(&f);
+                return Err(e);
             }
         }
         let fh = self.new_fh();
@@ -1001,10 +1001,10 @@ impl Fs {
         let ino = {
             let dirs = lock(&self.dirs);
             let d = dirs.get(&fh).ok_or(Error::BadHandle)?;
-            if offset != 0 {
-                if let Some(e) = &d.entries {
-                    return Ok(e.clone());
-                }
+            if offset != 0
+                && let Some(e) = &d.entries
+            {
+                return Ok(e.clone());
             }
             d.ino
         };

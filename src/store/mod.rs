@@ -8,7 +8,8 @@
 pub mod schema;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
@@ -93,8 +94,11 @@ const META_CONTENT_BYTES: &str = "content_bytes";
 pub struct Store {
     db: Database,
     path: PathBuf,
-    /// A deferred commit has happened that no durable commit has covered yet.
-    unsynced: AtomicBool,
+    /// Commits made so far; a commit's number is taken after it is visible.
+    commits: AtomicU64,
+    /// The highest commit number known to be on disk. Held while a sync runs, so concurrent
+    /// durable commits wait for one fsync and share it (group commit).
+    synced: Mutex<u64>,
 }
 
 impl Store {
@@ -114,7 +118,8 @@ impl Store {
         let store = Store {
             db,
             path: path.to_path_buf(),
-            unsynced: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            synced: Mutex::new(0),
         };
         store.init_or_verify(root_owner)?;
         Ok(store)
@@ -206,11 +211,26 @@ impl Store {
         })
     }
 
-    /// Makes every deferred commit durable, if any is pending.
+    /// Makes every commit so far durable.
     pub fn sync(&self) -> Result<(), StoreError> {
-        if self.unsynced.load(Ordering::Acquire) {
-            self.write()?.commit(Sync::Durable)?;
+        self.sync_to(self.commits.load(Ordering::Acquire))
+    }
+
+    /// Makes commit number `seq` durable, with every commit before it. Callers that arrive
+    /// while a sync runs wait for it and are covered by it, or by the next one, which one of
+    /// them runs for all: one fsync for many commits.
+    fn sync_to(&self, seq: u64) -> Result<(), StoreError> {
+        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+        if *synced >= seq {
+            return Ok(());
         }
+        // Every commit counted here finished before this transaction begins, so it is covered.
+        let target = self.commits.load(Ordering::Acquire);
+        let mut tx = self.db.begin_write().map_err(map_err)?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        *synced = target;
         Ok(())
     }
 
@@ -232,7 +252,7 @@ pub fn disk_available(path: &Path) -> u64 {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     nix::sys::statvfs::statvfs(dir)
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .map(|s| s.blocks_available() * s.fragment_size())
         .unwrap_or(0)
 }
 
@@ -672,30 +692,17 @@ impl WriteTxn<'_> {
                     .map_err(map_err)?;
             }
         }
-        let durability = match sync {
-            Sync::Durable => redb::Durability::Immediate,
-            Sync::Deferred => redb::Durability::None,
-        };
+        // Every commit goes to redb without an fsync; a durable one then waits for a sync that
+        // covers it, shared with whatever else committed meanwhile.
         self.tx
-            .set_durability(durability)
+            .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let store = self.store;
-        if sync == Sync::Durable {
-            // Cleared inside the write lock: every deferred commit that finished before this
-            // transaction began is covered by this one.
-            store.unsynced.store(false, Ordering::Release);
-        }
-        match self.tx.commit().map_err(map_err) {
-            Ok(()) => {
-                if sync == Sync::Deferred {
-                    store.unsynced.store(true, Ordering::Release);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                store.unsynced.store(true, Ordering::Release);
-                Err(e)
-            }
+        self.tx.commit().map_err(map_err)?;
+        let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
+        match sync {
+            Sync::Durable => store.sync_to(seq),
+            Sync::Deferred => Ok(()),
         }
     }
 }
