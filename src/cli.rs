@@ -9,6 +9,8 @@ use crate::control;
 use crate::fs::NameRules;
 use crate::mount::{self, LimitOverrides, MountRequest};
 use crate::store::Store;
+use crate::tools;
+use std::io::Write;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -88,9 +90,110 @@ enum Cmd {
     Check {
         /// A store file or a mountpoint.
         target: PathBuf,
+        /// Reclaim orphans and unreachable inodes and fix link counts (unmounted stores only).
+        #[arg(long)]
+        repair: bool,
         #[arg(long)]
         json: bool,
     },
+    /// Write a consistent point-in-time copy of a store (mounted or not) to OUT, or `-` for stdout.
+    Snapshot {
+        /// A store file or a mountpoint.
+        source: PathBuf,
+        out: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replace a store (not mounted) with a checked snapshot, keeping the old one beside it.
+    Restore {
+        snapshot: PathBuf,
+        store: PathBuf,
+        /// Do not keep the replaced store as STORE.before-restore-<time>.
+        #[arg(long)]
+        discard_current: bool,
+    },
+    /// Write a store's tree, with modes and mtimes, to a new directory or a tar file.
+    Export {
+        /// A store file or a mountpoint.
+        store: PathBuf,
+        /// The directory to create.
+        dir: Option<PathBuf>,
+        /// Write a tar archive instead (`-` for stdout).
+        #[arg(long)]
+        tar: Option<PathBuf>,
+        /// Export only this path of the store.
+        #[arg(long, default_value = "/")]
+        path: String,
+    },
+    /// Copy a directory's tree into a store (created if missing) in one transaction.
+    Import {
+        dir: PathBuf,
+        /// A store file or a mountpoint.
+        store: PathBuf,
+        /// Where in the store to put it.
+        #[arg(long, default_value = "/")]
+        into: String,
+        /// Fail instead of skipping names, symlinks or files the store refuses.
+        #[arg(long)]
+        strict: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a directory of a store (mounted or not).
+    Ls {
+        store: PathBuf,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Long listing: mode, size, modification time.
+        #[arg(short = 'l')]
+        long: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a file of a store (mounted or not).
+    Cat { store: PathBuf, path: String },
+    /// Print the tree under a path of a store.
+    Tree {
+        store: PathBuf,
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Files, directories and content bytes under a path of a store.
+    Du {
+        store: PathBuf,
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Counts, largest files, store file size and last commit time.
+    Stats {
+        store: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove memory files neither read nor written since a time (through the mount when mounted).
+    Expire {
+        store: PathBuf,
+        /// e.g. 30d, 12h, 2w.
+        #[arg(long, conflicts_with = "before", required_unless_present = "before")]
+        unused_for: Option<String>,
+        /// e.g. 2026-01-31 or 2026-01-31T08:00:00Z (UTC).
+        #[arg(long)]
+        before: Option<String>,
+        /// Only the files under this path.
+        #[arg(long, default_value = "/")]
+        path: String,
+        /// Print what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rewrite a store file (not mounted) to give free space back to the disk.
+    Compact { store: PathBuf },
 }
 
 /// Parses sizes such as `4096`, `64K`, `256M`, `10G`, `1T` (powers of 1024).
@@ -144,22 +247,6 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
     // fuser logs through the `log` crate.
     let _ = tracing_log::LogTracer::init();
     Ok(())
-}
-
-/// The store behind TARGET: the store file itself, or the store of a redbfs mountpoint.
-fn resolve_store(target: &Path) -> Result<(PathBuf, bool), String> {
-    let abs = mount::absolute(target)?;
-    if let Some(store) = mount::redbfs_mount_at(&abs) {
-        return Ok((store, true));
-    }
-    if abs.is_file() {
-        let mounted = mount::mountpoint_of_store(&abs).is_some();
-        return Ok((abs, mounted));
-    }
-    Err(format!(
-        "{}: neither a store file nor a redbfs mountpoint",
-        target.display()
-    ))
 }
 
 pub fn main() -> i32 {
@@ -237,7 +324,8 @@ fn run(cli: Cli) -> Result<i32, String> {
             Ok(0)
         }
         Cmd::Status { target, json } => {
-            let (store, mounted) = resolve_store(&target)?;
+            let t = Target::resolve(&target)?;
+            let (store, mounted) = (t.store, t.mountpoint.is_some());
             let v = if mounted {
                 control::Client::connect(&store)
                     .map_err(|e| format!("{}: the daemon does not answer: {e}", store.display()))?
@@ -269,30 +357,50 @@ fn run(cli: Cli) -> Result<i32, String> {
             }
             Ok(0)
         }
-        Cmd::Check { target, json } => {
-            let (store, mounted) = resolve_store(&target)?;
-            if mounted {
-                return Err(format!(
-                    "{} is mounted; unmount it to check (a live check through the daemon is not built yet)",
-                    store.display()
-                ));
+        Cmd::Check {
+            target,
+            repair,
+            json,
+        } => {
+            let t = Target::resolve(&target)?;
+            if repair {
+                t.refuse_mounted("repair")?;
+                let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                for f in tools::repair(&s)? {
+                    eprintln!("repaired: {f}");
+                }
             }
-            let mut s = Store::open_existing(&store).map_err(|e| e.to_string())?;
             let mut findings = Vec::new();
-            match s.check_integrity() {
-                Ok(true) => {}
-                Ok(false) => findings.push("redb integrity check repaired the file".to_string()),
-                Err(e) => findings.push(format!("redb integrity check failed: {e}")),
+            if t.mountpoint.is_none() {
+                let mut s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                match s.check_integrity() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        findings.push("redb integrity check repaired the file".to_string())
+                    }
+                    Err(e) => findings.push(format!("redb integrity check failed: {e}")),
+                }
             }
-            let r = s.read().map_err(|e| e.to_string())?;
-            findings.extend(crate::check::invariants(&r).map_err(|e| e.to_string())?);
+            let v = t.ask(json!({"op": "check"}))?;
+            findings.extend(
+                v["findings"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str().map(str::to_string)),
+            );
             if json {
                 println!(
                     "{}",
                     json!({"ok": findings.is_empty(), "findings": findings})
                 );
             } else if findings.is_empty() {
-                println!("{}: clean", store.display());
+                let how = if t.mountpoint.is_some() {
+                    "invariants hold (live check through the daemon; unmount for redb's page check too)"
+                } else {
+                    "clean"
+                };
+                println!("{}: {how}", t.store.display());
             } else {
                 for f in &findings {
                     println!("{f}");
@@ -300,12 +408,442 @@ fn run(cli: Cli) -> Result<i32, String> {
             }
             Ok(if findings.is_empty() { 0 } else { 1 })
         }
+        Cmd::Snapshot { source, out, json } => {
+            let t = Target::resolve(&source)?;
+            let to_stdout = out.as_os_str() == "-";
+            let dest = if to_stdout {
+                let mut p = t.store.clone().into_os_string();
+                p.push(format!(".stdout-snapshot-{}", std::process::id()));
+                PathBuf::from(p)
+            } else {
+                mount::absolute(&out)?
+            };
+            let v = if t.mountpoint.is_some() {
+                t.ask(json!({"op": "snapshot", "out": dest}))?["snapshot"].clone()
+            } else {
+                let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                let r = s.read().map_err(|e| e.to_string())?;
+                serde_json::to_value(tools::snapshot(&r, &dest)?).map_err(|e| e.to_string())?
+            };
+            if to_stdout {
+                let copied = std::fs::File::open(&dest)
+                    .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
+                let _ = std::fs::remove_file(&dest);
+                copied.map_err(|e| format!("writing the snapshot to stdout: {e}"))?;
+            }
+            if json {
+                eprintln!("{v}");
+            } else {
+                eprintln!(
+                    "snapshot {}: {} entries, {} bytes, {:.3} s",
+                    if to_stdout {
+                        "-".to_string()
+                    } else {
+                        dest.display().to_string()
+                    },
+                    v["entries"],
+                    v["file_bytes"],
+                    v["seconds"].as_f64().unwrap_or(0.0)
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Restore {
+            snapshot,
+            store,
+            discard_current,
+        } => {
+            let store = mount::absolute(&store)?;
+            if let Some(mp) = mount::mountpoint_of_store(&store) {
+                return Err(format!(
+                    "{} is mounted at {}; unmount it before restoring",
+                    store.display(),
+                    mp.display()
+                ));
+            }
+            let kept = tools::restore(&snapshot, &store, discard_current)?;
+            match kept {
+                Some(k) => eprintln!(
+                    "restored {}; the previous store is kept as {}",
+                    store.display(),
+                    k.display()
+                ),
+                None => eprintln!("restored {}", store.display()),
+            }
+            Ok(0)
+        }
+        Cmd::Export {
+            store,
+            dir,
+            tar,
+            path,
+        } => {
+            let t = Target::resolve(&store)?;
+            let report = t.with_snapshot(|r| match (&dir, &tar) {
+                (Some(d), None) => tools::export_dir(r, &path, d),
+                (None, Some(f)) if f.as_os_str() == "-" => tools::export_tar(
+                    r,
+                    &path,
+                    &mut std::io::BufWriter::new(std::io::stdout().lock()),
+                ),
+                (None, Some(f)) => {
+                    let file =
+                        std::fs::File::create(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                    let mut w = std::io::BufWriter::new(file);
+                    let rep = tools::export_tar(r, &path, &mut w)?;
+                    w.into_inner()
+                        .map_err(|e| e.to_string())?
+                        .sync_all()
+                        .map_err(|e| e.to_string())?;
+                    Ok(rep)
+                }
+                _ => Err("give either DIR or --tar FILE".to_string()),
+            })?;
+            eprintln!(
+                "exported {} files, {} directories, {} bytes",
+                report.files, report.dirs, report.bytes
+            );
+            Ok(0)
+        }
+        Cmd::Import {
+            dir,
+            store,
+            into,
+            strict,
+            json,
+        } => {
+            let dir = mount::absolute(&dir)?;
+            if !dir.is_dir() {
+                return Err(format!("{}: not a directory", dir.display()));
+            }
+            let abs = mount::absolute(&store)?;
+            let report =
+                match Target::resolve(&abs) {
+                    Ok(t) if t.mountpoint.is_some() => t
+                        .ask(json!({"op": "import", "dir": dir, "into": into, "strict": strict}))?
+                        ["import"]
+                        .clone(),
+                    _ => {
+                        let owner = (
+                            nix::unistd::getuid().as_raw(),
+                            nix::unistd::getgid().as_raw(),
+                        );
+                        let s = Store::open_or_create(&abs, owner).map_err(|e| e.to_string())?;
+                        let limits = s
+                            .read()
+                            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+                            .ok()
+                            .flatten()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or_default();
+                        serde_json::to_value(tools::import(&s, &limits, &dir, &into, strict)?)
+                            .map_err(|e| e.to_string())?
+                    }
+                };
+            if json {
+                println!("{report}");
+            } else {
+                for s in report["skipped"].as_array().into_iter().flatten() {
+                    eprintln!(
+                        "skipped {}: {}",
+                        s[0].as_str().unwrap_or(""),
+                        s[1].as_str().unwrap_or("")
+                    );
+                }
+                eprintln!(
+                    "imported {} files, {} directories, {} bytes",
+                    report["files"], report["dirs"], report["bytes"]
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Ls {
+            store,
+            path,
+            long,
+            json,
+        } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "ls", "path": path}))?;
+            if json {
+                println!("{}", v["entries"]);
+                return Ok(0);
+            }
+            for e in v["entries"].as_array().into_iter().flatten() {
+                let name = e["name"].as_str().unwrap_or("");
+                if long {
+                    println!(
+                        "{} {:>10} {} {}",
+                        mode_string(
+                            e["kind"].as_str() == Some("dir"),
+                            e["mode"].as_u64().unwrap_or(0) as u32
+                        ),
+                        e["size"],
+                        fmt_time(e["mtime_ns"].as_i64().unwrap_or(0)),
+                        name
+                    );
+                } else {
+                    println!("{name}");
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Cat { store, path } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "cat", "path": path}))?;
+            std::io::stdout()
+                .write_all(&tools::content_of(&v))
+                .map_err(|e| e.to_string())?;
+            Ok(0)
+        }
+        Cmd::Tree { store, path, json } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "tree", "path": path}))?;
+            if json {
+                println!("{}", v["tree"]);
+                return Ok(0);
+            }
+            for item in v["tree"].as_array().into_iter().flatten() {
+                let depth = item["depth"].as_u64().unwrap_or(0) as usize;
+                let e = &item["entry"];
+                let slash = if e["kind"].as_str() == Some("dir") && e["name"] != "/" {
+                    "/"
+                } else {
+                    ""
+                };
+                println!(
+                    "{}{}{slash}",
+                    "  ".repeat(depth),
+                    e["name"].as_str().unwrap_or("")
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Du { store, path, json } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "du", "path": path}))?;
+            let d = &v["du"];
+            if json {
+                println!("{d}");
+            } else {
+                println!(
+                    "{}\t{path}\t({} files, {} directories)",
+                    d["bytes"], d["files"], d["dirs"]
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Stats { store, json } => {
+            let t = Target::resolve(&store)?;
+            let v = t.ask(json!({"op": "stats"}))?;
+            let s = &v["stats"];
+            if json {
+                println!("{s}");
+                return Ok(0);
+            }
+            println!("store:        {}", t.store.display());
+            println!(
+                "mounted at:   {}",
+                t.mountpoint
+                    .as_ref()
+                    .map_or("(not mounted)".to_string(), |m| m.display().to_string())
+            );
+            println!("files:        {}", s["files"]);
+            println!("directories:  {}", s["dirs"]);
+            println!("content:      {} bytes", s["content_bytes"]);
+            println!("store file:   {} bytes", s["store_bytes"]);
+            println!(
+                "last commit:  {}",
+                s["last_commit_ns"]
+                    .as_i64()
+                    .map_or("never".into(), fmt_time)
+            );
+            println!("largest files:");
+            for f in s["largest"].as_array().into_iter().flatten() {
+                println!("  {:>12}  {}", f[1], f[0].as_str().unwrap_or(""));
+            }
+            Ok(0)
+        }
+        Cmd::Expire {
+            store,
+            unused_for,
+            before,
+            path,
+            dry_run,
+            json,
+        } => {
+            let t = Target::resolve(&store)?;
+            let cutoff = match (&unused_for, &before) {
+                (Some(d), _) => crate::store::now_ns() - tools::parse_duration(d)?,
+                (None, Some(d)) => tools::parse_date(d)?,
+                (None, None) => return Err("give --unused-for or --before".into()),
+            };
+            let v = t.ask(json!({"op": "unused", "path": path, "cutoff_ns": cutoff}))?;
+            let files: Vec<(String, i64)> =
+                serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
+            if !dry_run {
+                match &t.mountpoint {
+                    // Through the mount, so the kernel's caches stay true.
+                    Some(mp) => {
+                        let mut progress = tools::Progress::new("expire");
+                        for (i, (p, _)) in files.iter().enumerate() {
+                            let full = mp.join(p.trim_start_matches('/'));
+                            std::fs::remove_file(&full)
+                                .map_err(|e| format!("{}: {e}", full.display()))?;
+                            progress.update(i as u64 + 1);
+                        }
+                        progress.finish();
+                    }
+                    None => {
+                        let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                        let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+                        tools::remove_files(&s, &paths)?;
+                    }
+                }
+            }
+            if json {
+                println!("{}", json!({"dry_run": dry_run, "removed": files}));
+            } else {
+                let verb = if dry_run { "would remove" } else { "removed" };
+                for (p, last) in &files {
+                    println!("{verb} {p} (last used {})", fmt_time(*last));
+                }
+                eprintln!("{verb} {} files", files.len());
+            }
+            Ok(0)
+        }
+        Cmd::Compact { store } => {
+            let t = Target::resolve(&store)?;
+            t.refuse_mounted("compact")?;
+            let before = std::fs::metadata(&t.store).map(|m| m.len()).unwrap_or(0);
+            let mut s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+            s.compact().map_err(|e| e.to_string())?;
+            drop(s);
+            let after = std::fs::metadata(&t.store).map(|m| m.len()).unwrap_or(0);
+            eprintln!("compacted {}: {before} -> {after} bytes", t.store.display());
+            Ok(0)
+        }
     }
+}
+
+/// A store named on the command line, and where it is mounted if it is.
+struct Target {
+    store: PathBuf,
+    mountpoint: Option<PathBuf>,
+}
+
+impl Target {
+    fn resolve(target: &Path) -> Result<Target, String> {
+        let abs = mount::absolute(target)?;
+        if let Some(store) = mount::redbfs_mount_at(&abs) {
+            return Ok(Target {
+                store,
+                mountpoint: Some(abs),
+            });
+        }
+        if abs.is_file() {
+            let mountpoint = mount::mountpoint_of_store(&abs);
+            return Ok(Target {
+                store: abs,
+                mountpoint,
+            });
+        }
+        Err(format!(
+            "{}: neither a store file nor a redbfs mountpoint",
+            target.display()
+        ))
+    }
+
+    fn refuse_mounted(&self, what: &str) -> Result<(), String> {
+        match &self.mountpoint {
+            Some(mp) => Err(format!(
+                "{} is mounted at {}; unmount it before {what}",
+                self.store.display(),
+                mp.display()
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A read-only query: through the daemon when mounted, on the file otherwise.
+    fn ask(&self, req: serde_json::Value) -> Result<serde_json::Value, String> {
+        if self.mountpoint.is_some() {
+            return control::Client::connect(&self.store)
+                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
+                .call(&req);
+        }
+        let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
+        let r = s.read().map_err(|e| e.to_string())?;
+        tools::query(&r, s.file_bytes(), &req)
+    }
+
+    /// Runs `f` on a consistent view: a snapshot taken through the daemon when mounted.
+    fn with_snapshot<T>(
+        &self,
+        f: impl FnOnce(&crate::store::ReadTxn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        if self.mountpoint.is_none() {
+            let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
+            let r = s.read().map_err(|e| e.to_string())?;
+            return f(&r);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-export-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let snap = dir.path().join("snapshot.redb");
+        self.ask(json!({"op": "snapshot", "out": snap}))?;
+        let s = Store::open_existing(&snap).map_err(|e| e.to_string())?;
+        let r = s.read().map_err(|e| e.to_string())?;
+        f(&r)
+    }
+}
+
+/// `drwx------`-style permissions.
+fn mode_string(dir: bool, mode: u32) -> String {
+    let mut s = String::from(if dir { "d" } else { "-" });
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC.
+fn fmt_time(ns: i64) -> String {
+    let secs = ns.div_euclid(1_000_000_000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{fmt_time, mode_string, parse_size};
+
+    #[test]
+    fn times_and_modes() {
+        assert_eq!(fmt_time(0), "1970-01-01 00:00:00");
+        assert_eq!(
+            fmt_time(1_795_955_400 * 1_000_000_000),
+            "2026-11-29 12:30:00"
+        );
+        assert_eq!(mode_string(true, 0o700), "drwx------");
+        assert_eq!(mode_string(false, 0o644), "-rw-r--r--");
+    }
 
     #[test]
     fn sizes() {

@@ -2,7 +2,9 @@
 //! speaking one JSON request and one JSON response per line. Store tools reach a mounted
 //! store through it, because the daemon owns the store file.
 //!
-//! Requests: `{"op":"status"}`, `{"op":"unmount"}`. Every response carries `"ok"`; a failed one
+//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
+//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}`, and the read-only queries of
+//! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 
 use std::io::{BufRead, BufReader, Write};
@@ -16,6 +18,7 @@ use serde_json::{Value, json};
 
 use crate::fs::Fs;
 use crate::store::FORMAT_VERSION;
+use crate::tools;
 
 /// The control socket of the store at `store`.
 pub fn socket_path(store: &Path) -> PathBuf {
@@ -57,6 +60,48 @@ impl Daemon {
         }
     }
 
+    fn query(&self, req: &Value) -> Value {
+        let answer = self
+            .fs
+            .store()
+            .read()
+            .map_err(|e| e.to_string())
+            .and_then(|r| tools::query(&r, self.fs.store().file_bytes(), req));
+        reply(answer)
+    }
+
+    /// A point-in-time copy from one read transaction; writers carry on meanwhile.
+    fn snapshot(&self, req: &Value) -> Value {
+        let Some(out) = req.get("out").and_then(Value::as_str) else {
+            return json!({"ok": false, "error": "snapshot needs \"out\""});
+        };
+        let answer = self
+            .fs
+            .store()
+            .read()
+            .map_err(|e| e.to_string())
+            .and_then(|r| tools::snapshot(&r, Path::new(out)))
+            .map(|info| json!({"snapshot": info}));
+        reply(answer)
+    }
+
+    fn import(&self, req: &Value) -> Value {
+        let Some(dir) = req.get("dir").and_then(Value::as_str) else {
+            return json!({"ok": false, "error": "import needs \"dir\""});
+        };
+        let into = req.get("into").and_then(Value::as_str).unwrap_or("/");
+        let strict = req.get("strict").and_then(Value::as_bool).unwrap_or(false);
+        let answer = tools::import(
+            self.fs.store(),
+            self.fs.limits(),
+            Path::new(dir),
+            into,
+            strict,
+        )
+        .map(|report| json!({"import": report}));
+        reply(answer)
+    }
+
     fn handle(&self, req: &Value) -> Value {
         match req.get("op").and_then(Value::as_str) {
             Some("status") => self.status(),
@@ -64,7 +109,9 @@ impl Daemon {
                 Ok(()) => json!({"ok": true}),
                 Err(e) => json!({"ok": false, "error": e}),
             },
-            Some(op) => json!({"ok": false, "error": format!("unknown op {op:?}")}),
+            Some("snapshot") => self.snapshot(req),
+            Some("import") => self.import(req),
+            Some(_) => self.query(req),
             None => json!({"ok": false, "error": "a request needs an \"op\""}),
         }
     }
@@ -87,6 +134,16 @@ impl Daemon {
                 return;
             }
         }
+    }
+}
+
+fn reply(answer: Result<Value, String>) -> Value {
+    match answer {
+        Ok(mut v) => {
+            v["ok"] = json!(true);
+            v
+        }
+        Err(e) => json!({"ok": false, "error": e}),
     }
 }
 
@@ -150,20 +207,6 @@ impl Client {
                 .and_then(Value::as_str)
                 .unwrap_or("the daemon refused the request")
                 .to_string())
-        }
-    }
-
-    /// Waits until the daemon closes the connection (it does so by exiting).
-    pub fn wait_closed(mut self, timeout: Duration) -> bool {
-        let _ = self.reader.get_ref().set_read_timeout(Some(timeout));
-        let mut buf = String::new();
-        loop {
-            buf.clear();
-            match self.reader.read_line(&mut buf) {
-                Ok(0) => return true,
-                Ok(_) => continue,
-                Err(_) => return false,
-            }
         }
     }
 }

@@ -10,3 +10,5 @@ pub mod fs;
 pub mod fuse;
 pub mod mount;
 pub mod store;
+pub mod tar;
+pub mod tools;

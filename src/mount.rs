@@ -463,6 +463,18 @@ impl MountRequest {
     }
 }
 
+/// Whether process `pid` still runs (a zombie has exited and closed its files).
+fn process_alive(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
 pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     let mp = absolute(mountpoint)?;
@@ -475,22 +487,29 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     };
     match control::Client::connect(&store) {
         Ok(mut c) => {
+            let pid = c
+                .call(&serde_json::json!({"op": "status"}))?
+                .get("pid")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or("the daemon did not say its pid")?;
             match c.call(&serde_json::json!({"op": "unmount"})) {
                 Ok(_) => {}
                 // The daemon may exit before its answer is written; the mount being gone is
                 // the answer then.
-                Err(_) if redbfs_mount_at(&mp).is_none() => {
-                    return Ok(format!("unmounted {}", mp.display()));
-                }
+                Err(_) if redbfs_mount_at(&mp).is_none() => {}
                 Err(e) => return Err(e),
             }
-            if !c.wait_closed(Duration::from_secs(300)) {
-                return Err(format!(
-                    "{} was unmounted but the daemon has not exited yet",
-                    mp.display()
-                ));
+            // Returns once the daemon process has exited, which is when the store is closed.
+            for _ in 0..60_000 {
+                if !process_alive(pid) {
+                    return Ok(format!("unmounted {}", mp.display()));
+                }
+                std::thread::sleep(Duration::from_millis(5));
             }
-            Ok(format!("unmounted {}", mp.display()))
+            Err(format!(
+                "{} was unmounted but the daemon (pid {pid}) has not exited",
+                mp.display()
+            ))
         }
         Err(_) => {
             // No daemon answers: the mount is stale or the daemon is wedged.

@@ -116,6 +116,11 @@ pub struct FsStats {
     pub name_max: u32,
 }
 
+/// How stale an access time may get before an open refreshes it. Reads keep atime within an
+/// hour of the truth (what `redbfs expire` needs) at the cost of at most one deferred commit
+/// per file per hour.
+pub const ATIME_INTERVAL_NS: i64 = 3600 * 1_000_000_000;
+
 /// Block size reported by statfs and used for st_blocks.
 pub const BLOCK_SIZE: u32 = 4096;
 
@@ -652,7 +657,26 @@ impl Fs {
         }
         let fh = self.new_fh();
         lock(&self.handles).insert(fh, Handle { file: f, mode });
+        if let Err(e) = self.refresh_atime(ino) {
+            tracing::warn!(ino, error = %e, "could not update the access time");
+        }
         Ok(fh)
+    }
+
+    /// Moves atime to now if it is more than `ATIME_INTERVAL_NS` old (deferred commit).
+    fn refresh_atime(&self, ino: u64) -> Result<()> {
+        let now = now_ns();
+        let stale = |i: &Inode| now - i.atime > ATIME_INTERVAL_NS;
+        if self.is_poisoned() || !self.store.read()?.inode(ino)?.is_some_and(|i| stale(&i)) {
+            return Ok(());
+        }
+        let mut w = self.store.write()?;
+        if let Some(mut i) = w.inode(ino)?.filter(stale) {
+            i.atime = now;
+            w.put_inode(&i)?;
+            self.commit(w, Sync::Deferred)?;
+        }
+        Ok(())
     }
 
     fn handle(&self, fh: u64) -> Result<(Arc<Mutex<OpenFile>>, OpenMode)> {

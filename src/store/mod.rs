@@ -89,6 +89,7 @@ pub struct Usage {
 const META_FILES: &str = "files";
 const META_DIRS: &str = "dirs";
 const META_CONTENT_BYTES: &str = "content_bytes";
+const META_LAST_COMMIT: &str = "last_commit";
 
 /// An open store file.
 pub struct Store {
@@ -239,6 +240,11 @@ impl Store {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
+    /// Rewrites the file to release free space (the store must not be in use).
+    pub fn compact(&mut self) -> Result<bool, StoreError> {
+        self.db.compact().map_err(|e| StoreError::Io(e.to_string()))
+    }
+
     /// Runs redb's own integrity check (page checksums and tree structure).
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
         self.db.check_integrity().map_err(map_err)
@@ -361,7 +367,68 @@ pub struct ReadTxn {
     tx: redb::ReadTransaction,
 }
 
+/// What a copy wrote.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CopyStats {
+    /// Records copied, over all tables.
+    pub entries: u64,
+    /// Bytes of keys and values copied.
+    pub bytes: u64,
+}
+
+fn copy_table<K, V>(
+    from: &redb::ReadTransaction,
+    to: &redb::WriteTransaction,
+    def: redb::TableDefinition<K, V>,
+    stats: &mut CopyStats,
+    progress: &mut dyn FnMut(u64),
+) -> Result<(), StoreError>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+{
+    let src = from.open_table(def).map_err(map_err)?;
+    let mut dst = to.open_table(def).map_err(map_err)?;
+    for item in src.iter().map_err(map_err)? {
+        let (k, v) = item.map_err(map_err)?;
+        stats.entries += 1;
+        stats.bytes += (K::as_bytes(&k.value()).as_ref().len()
+            + V::as_bytes(&v.value()).as_ref().len()) as u64;
+        dst.insert(k.value(), v.value()).map_err(map_err)?;
+        progress(stats.entries);
+    }
+    Ok(())
+}
+
 impl ReadTxn {
+    /// Writes everything this snapshot sees into a new store file at `out` (which must not
+    /// exist), committed durably. `progress` is called with the records copied so far.
+    pub fn copy_to(
+        &self,
+        out: &Path,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CopyStats, StoreError> {
+        let db = Database::create(out).map_err(map_err)?;
+        let mut tx = db.begin_write().map_err(map_err)?;
+        let mut stats = CopyStats::default();
+        copy_table(&self.tx, &tx, META, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, INODES, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, DIRENTS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, FILEMAP, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, BLOBS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, ORPHANS, &mut stats, progress)?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        drop(db);
+        Ok(stats)
+    }
+
+    /// When the last transaction committed, ns since the epoch.
+    pub fn last_commit(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self.meta_u64(META_LAST_COMMIT)?.map(|v| v as i64))
+    }
+
     pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
         get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
     }
@@ -687,6 +754,7 @@ impl WriteTxn<'_> {
                 (META_FILES, usage.files),
                 (META_DIRS, usage.dirs),
                 (META_CONTENT_BYTES, usage.content_bytes),
+                (META_LAST_COMMIT, now_ns() as u64),
             ] {
                 meta.insert(k, v.to_le_bytes().as_slice())
                     .map_err(map_err)?;

@@ -1,0 +1,452 @@
+//! Store tools: snapshot (consistent while writers run), restore, export and import round
+//! trips, inspection that answers the same mounted or not, expiry, repair, and every refusal
+//! with its message.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::{TestMount, fuse_available, redbfs};
+use redbfs::store::{CHUNK_SIZE, Inode, Kind, ROOT_INO, Store, Sync};
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: Output, needle: &str) {
+    assert!(
+        !out.status.success(),
+        "should fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "message {err:?} lacks {needle:?}");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// (relative path -> (is_dir, mode, mtime_ns, content)) of a directory on disk.
+type Tree = BTreeMap<String, (bool, u32, i64, Vec<u8>)>;
+
+fn read_tree(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    fn walk(root: &Path, dir: &Path, out: &mut Tree) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_string();
+            let mtime = md.mtime() * 1_000_000_000 + md.mtime_nsec();
+            if md.is_dir() {
+                out.insert(rel, (true, md.mode() & 0o7777, mtime, Vec::new()));
+                walk(root, &e.path(), out);
+            } else if md.is_file() {
+                out.insert(
+                    rel,
+                    (
+                        false,
+                        md.mode() & 0o7777,
+                        mtime,
+                        std::fs::read(e.path()).unwrap(),
+                    ),
+                );
+            }
+        }
+    }
+    walk(root, root, &mut out);
+    out
+}
+
+fn set_mtime(p: &Path, secs: i64, nsec: i64) {
+    let c = std::ffi::CString::new(s(p)).unwrap();
+    let t = libc::timespec {
+        tv_sec: secs,
+        tv_nsec: nsec,
+    };
+    // SAFETY: a valid path and two timespecs.
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) },
+        0
+    );
+}
+
+fn sample_tree(root: &Path) {
+    std::fs::create_dir_all(root.join("memories/\u{65E5}\u{672C}\u{8A9E} notes")).unwrap();
+    std::fs::write(root.join("memories/caf\u{e9}.md"), "caf\u{e9} au lait\n").unwrap();
+    std::fs::write(
+        root.join("memories/\u{65E5}\u{672C}\u{8A9E} notes/\u{1F9E0}.md"),
+        "brain",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("memories/big.bin"),
+        (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    std::fs::write(root.join("memories/empty"), "").unwrap();
+    std::fs::set_permissions(
+        root.join("memories/caf\u{e9}.md"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        root.join("memories"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    set_mtime(&root.join("memories/big.bin"), 1_600_000_000, 123_456_789);
+    set_mtime(
+        &root.join("memories/\u{65E5}\u{672C}\u{8A9E} notes"),
+        1_500_000_000,
+        5,
+    );
+}
+
+#[test]
+fn export_then_import_round_trips_names_modes_and_mtimes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let store = dir.path().join("s.redb");
+    ok(redbfs(&["import", s(&src), s(&store)]));
+    assert!(ok(redbfs(&["check", s(&store)])).contains("clean"));
+    let out = dir.path().join("out");
+    ok(redbfs(&["export", s(&store), s(&out)]));
+    assert_eq!(read_tree(&out), read_tree(&src));
+
+    // The tar form, unpacked by GNU tar.
+    let tar = dir.path().join("x.tar");
+    ok(redbfs(&["export", s(&store), "--tar", s(&tar)]));
+    let unpacked = dir.path().join("unpacked");
+    std::fs::create_dir(&unpacked).unwrap();
+    let st = Command::new("tar")
+        .args(["-xpf", s(&tar), "-C", s(&unpacked)])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(read_tree(&unpacked), read_tree(&src));
+}
+
+#[test]
+fn import_skips_what_a_store_cannot_hold_or_fails_with_strict() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("good.md"), "ok").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", src.join("link")).unwrap();
+    std::fs::write(src.join("bad\nname"), "x").unwrap();
+    let store = dir.path().join("s.redb");
+    refused(
+        redbfs(&["import", s(&src), s(&store), "--strict"]),
+        "--strict",
+    );
+    let out = redbfs(&["import", s(&src), s(&store)]);
+    ok(out.clone());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("link: symlink"), "{err}");
+    assert!(err.contains("control character"), "{err}");
+    assert_eq!(ok(redbfs(&["ls", s(&store)])), "good.md\n");
+    // Importing again skips what exists instead of overwriting it.
+    let again = redbfs(&["import", s(&src), s(&store)]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+}
+
+#[test]
+fn snapshot_under_concurrent_writes_is_a_prefix_of_acknowledged_commits() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("w")).unwrap();
+    let acked = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, dir) = (acked.clone(), stop.clone(), m.path("w"));
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Acquire) && i < 5000 {
+                let mut f = std::fs::File::create(dir.join(format!("f{i:05}"))).unwrap();
+                f.write_all(format!("content of {i}").as_bytes()).unwrap();
+                f.sync_all().unwrap();
+                drop(f);
+                i += 1;
+                acked.store(i, Ordering::Release);
+            }
+        })
+    };
+    while acked.load(Ordering::Acquire) < 50 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = acked.load(Ordering::Acquire);
+    let snap = m.dir.path().join("snap.redb");
+    let out = ok(redbfs(&["snapshot", s(&m.mountpoint), s(&snap)]));
+    let _ = out;
+    let after = acked.load(Ordering::Acquire);
+    stop.store(true, Ordering::Release);
+    writer.join().unwrap();
+    assert_eq!(
+        std::fs::metadata(&snap).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let listing = ok(redbfs(&["ls", s(&snap), "/w"]));
+    let names: Vec<&str> = listing.lines().collect();
+    let k = names.len() as u64;
+    assert!(
+        k >= before && k <= after + 1,
+        "snapshot holds {k} files; acknowledged {before}..{after}"
+    );
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(*n, format!("f{i:05}"), "a prefix, in order");
+    }
+    if k > 0 {
+        // Every file in the snapshot has its whole content, except possibly the last, which
+        // may have been created but not yet written when the snapshot was taken.
+        for i in 0..k.saturating_sub(1) {
+            let c = ok(redbfs(&["cat", s(&snap), &format!("/w/f{i:05}")]));
+            assert_eq!(c, format!("content of {i}"));
+        }
+    }
+    assert!(ok(redbfs(&["check", s(&snap)])).contains("clean"));
+}
+
+#[test]
+fn restore_round_trip_and_refusals_while_mounted() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    std::fs::write(m.path("memories/keep.md"), "v1").unwrap();
+    let snap = m.dir.path().join("snap.redb");
+    ok(redbfs(&["snapshot", s(&m.store), s(&snap)]));
+    refused(
+        redbfs(&["snapshot", s(&m.store), s(&snap)]),
+        "already exists",
+    );
+    std::fs::write(m.path("memories/keep.md"), "v2").unwrap();
+    std::fs::write(m.path("memories/new.md"), "new").unwrap();
+    refused(
+        redbfs(&["restore", s(&snap), s(&m.store)]),
+        s(&m.mountpoint),
+    );
+    refused(
+        redbfs(&["compact", s(&m.store)]),
+        "unmount it before compact",
+    );
+    refused(
+        redbfs(&["check", s(&m.mountpoint), "--repair"]),
+        "unmount it before repair",
+    );
+    // Inspection answers the same through the daemon and on the unmounted file.
+    let live = (
+        ok(redbfs(&["ls", "-l", s(&m.mountpoint), "/memories"])),
+        ok(redbfs(&["tree", s(&m.store)])),
+        ok(redbfs(&["du", s(&m.store), "/memories", "--json"])),
+        ok(redbfs(&["cat", s(&m.store), "memories/keep.md"])),
+    );
+    m.unmount();
+    let cold = (
+        ok(redbfs(&["ls", "-l", s(&m.store), "/memories"])),
+        ok(redbfs(&["tree", s(&m.store)])),
+        ok(redbfs(&["du", s(&m.store), "/memories", "--json"])),
+        ok(redbfs(&["cat", s(&m.store), "memories/keep.md"])),
+    );
+    assert_eq!(live, cold);
+    assert_eq!(cold.3, "v2");
+
+    let out = redbfs(&["restore", s(&snap), s(&m.store)]);
+    ok(out.clone());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("before-restore-"));
+    let kept: Vec<_> = std::fs::read_dir(m.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".before-restore-"))
+        .collect();
+    assert_eq!(kept.len(), 1);
+    m.mount();
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/keep.md")).unwrap(),
+        "v1"
+    );
+    assert!(!m.path("memories/new.md").exists());
+    let stats = ok(redbfs(&["stats", s(&m.mountpoint), "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(v["files"], 1);
+}
+
+#[test]
+fn snapshot_to_stdout_is_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let store = dir.path().join("s.redb");
+    ok(redbfs(&["import", s(&src), s(&store)]));
+    let out = redbfs(&["snapshot", s(&store), "-"]);
+    assert!(out.status.success());
+    let copy = dir.path().join("copy.redb");
+    std::fs::write(&copy, &out.stdout).unwrap();
+    assert!(ok(redbfs(&["check", s(&copy)])).contains("clean"));
+    assert_eq!(
+        ok(redbfs(&["tree", s(&copy)])),
+        ok(redbfs(&["tree", s(&store)]))
+    );
+}
+
+/// Builds a store of `n` small files in 100 directories straight through the store API.
+fn build_store(path: &Path, n: u64) {
+    let store = Store::open_or_create(path, (0, 0)).unwrap();
+    let mut w = store.write().unwrap();
+    let mut root = w.inode(ROOT_INO).unwrap().unwrap();
+    let dir_of = |w: &mut redbfs::store::WriteTxn<'_>, i: u64, root: &mut Inode| {
+        let ino = w.alloc_ino().unwrap();
+        let mut d = root.clone();
+        d.ino = ino;
+        d.parent = ROOT_INO;
+        d.name = format!("d{i:03}");
+        d.nlink = 2;
+        w.put_inode(&d).unwrap();
+        w.put_dirent(ROOT_INO, &d.name, ino, Kind::Dir).unwrap();
+        root.nlink += 1;
+        ino
+    };
+    let dirs: Vec<u64> = (0..100).map(|i| dir_of(&mut w, i, &mut root)).collect();
+    w.put_inode(&root).unwrap();
+    for i in 0..n {
+        let ino = w.alloc_ino().unwrap();
+        let data = format!("memory number {i}");
+        let mut f = root.clone();
+        f.ino = ino;
+        f.kind = Kind::File;
+        f.parent = dirs[(i % 100) as usize];
+        f.name = format!("m{i:06}.md");
+        f.nlink = 1;
+        f.size = data.len() as u64;
+        assert!(f.size < CHUNK_SIZE);
+        w.put_chunk(ino, 0, data.as_bytes()).unwrap();
+        w.put_inode(&f).unwrap();
+        w.put_dirent(f.parent, &f.name, ino, Kind::File).unwrap();
+    }
+    w.commit(Sync::Durable).unwrap();
+}
+
+#[test]
+fn snapshot_of_a_100k_file_store_mounted_and_not() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    m.unmount();
+    std::fs::remove_file(&m.store).unwrap();
+    build_store(&m.store, 100_000);
+    let cold = m.dir.path().join("cold.redb");
+    ok(redbfs(&["snapshot", s(&m.store), s(&cold)]));
+    m.mount();
+    let live = m.dir.path().join("live.redb");
+    ok(redbfs(&["snapshot", s(&m.mountpoint), s(&live)]));
+    for snap in [&cold, &live] {
+        assert!(ok(redbfs(&["check", s(snap)])).contains("clean"));
+        let v: serde_json::Value =
+            serde_json::from_str(&ok(redbfs(&["stats", s(snap), "--json"]))).unwrap();
+        assert_eq!(v["files"], 100_000);
+        assert_eq!(v["dirs"], 101);
+    }
+    assert_eq!(
+        ok(redbfs(&["cat", s(&live), "/d042/m099942.md"])),
+        "memory number 99942"
+    );
+}
+
+#[test]
+fn expire_removes_only_unused_files_through_the_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    for name in ["old1.md", "old2.md", "fresh.md"] {
+        std::fs::write(m.path(&format!("memories/{name}")), name).unwrap();
+    }
+    let old = 1_600_000_000; // 2020
+    set_mtime(&m.path("memories/old1.md"), old, 0);
+    set_mtime(&m.path("memories/old2.md"), old, 0);
+    let dry = ok(redbfs(&[
+        "expire",
+        s(&m.mountpoint),
+        "--unused-for",
+        "30d",
+        "--dry-run",
+    ]));
+    assert_eq!(dry.lines().count(), 2, "{dry}");
+    assert!(m.path("memories/old1.md").exists());
+    let out = ok(redbfs(&[
+        "expire",
+        s(&m.mountpoint),
+        "--before",
+        "2024-01-01",
+    ]));
+    assert!(out.contains("removed /memories/old1.md"), "{out}");
+    assert!(!m.path("memories/old1.md").exists());
+    assert!(!m.path("memories/old2.md").exists());
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/fresh.md")).unwrap(),
+        "fresh.md"
+    );
+    refused(
+        redbfs(&["expire", s(&m.mountpoint), "--unused-for", "soon"]),
+        "not a duration",
+    );
+}
+
+#[test]
+fn repair_reclaims_unreachable_inodes_and_keeps_reachable_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let path = dir.path().join("s.redb");
+    ok(redbfs(&["import", s(&src), s(&path)]));
+    {
+        // Damage: a directory entry removed without its inode, and a wrong link count.
+        let store = Store::open_existing(&path).unwrap();
+        let r = store.read().unwrap();
+        let (mem, _) = r.lookup(ROOT_INO, "memories").unwrap().unwrap();
+        drop(r);
+        let mut w = store.write().unwrap();
+        w.remove_dirent(mem, "empty").unwrap();
+        let mut root = w.inode(ROOT_INO).unwrap().unwrap();
+        root.nlink = 9;
+        w.put_inode(&root).unwrap();
+        w.commit(Sync::Durable).unwrap();
+    }
+    let out = redbfs(&["check", s(&path)]);
+    assert_eq!(out.status.code(), Some(1));
+    let findings = String::from_utf8_lossy(&out.stdout);
+    assert!(findings.contains("unreachable"), "{findings}");
+    assert!(findings.contains("nlink 9"), "{findings}");
+    ok(redbfs(&["check", s(&path), "--repair"]));
+    assert!(ok(redbfs(&["check", s(&path)])).contains("clean"));
+    let out = dir.path().join("out");
+    ok(redbfs(&["export", s(&path), s(&out)]));
+    let mut want = read_tree(&src);
+    want.remove("memories/empty");
+    assert_eq!(read_tree(&out), want);
+}
