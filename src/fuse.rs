@@ -27,6 +27,19 @@ use crate::store::{Inode, Kind};
 /// they touch. Not infinite, so a bug in that invalidation heals within a minute.
 const TTL: Duration = Duration::from_secs(60);
 
+/// The entry TTL for a name as the caller spelled it. A name that is not in NFC (a decomposed
+/// "cafe\u{301}") reaches the same entry as its NFC spelling, but the kernel caches each
+/// spelling separately and a change through one cannot invalidate the other; so a non-NFC
+/// spelling is never cached (measured: otherwise it serves a replaced or deleted file for the
+/// whole TTL).
+fn entry_ttl(raw: &OsStr, i: &Inode) -> Duration {
+    if raw.as_bytes() == i.name.as_bytes() {
+        TTL
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// Largest write the kernel sends in one request. 1 MiB cuts round trips for large files
 /// (the kernel default is 128 KiB).
 const MAX_WRITE: u32 = 1024 * 1024;
@@ -156,7 +169,7 @@ impl Filesystem for FuseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         tracing::debug!(op = "lookup", parent = parent.0, ?name);
         match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Ok(i) => reply.entry_with_ttls(&TTL, &entry_ttl(name, &i), &attr(&i), GEN),
             Err(e) => reply.error(self.fail("lookup", parent.0, Some(name), &e)),
         }
     }
@@ -218,7 +231,7 @@ impl Filesystem for FuseFs {
             .fs
             .mknod(caller(req), parent.0, name.as_bytes(), mode, umask)
         {
-            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Ok(i) => reply.entry_with_ttls(&TTL, &entry_ttl(name, &i), &attr(&i), GEN),
             Err(e) => reply.error(self.fail("mknod", parent.0, Some(name), &e)),
         }
     }
@@ -237,7 +250,7 @@ impl Filesystem for FuseFs {
             .fs
             .mkdir(caller(req), parent.0, name.as_bytes(), mode, umask)
         {
-            Ok(i) => reply.entry(&TTL, &attr(&i), GEN),
+            Ok(i) => reply.entry_with_ttls(&TTL, &entry_ttl(name, &i), &attr(&i), GEN),
             Err(e) => reply.error(self.fail("mkdir", parent.0, Some(name), &e)),
         }
     }
@@ -566,7 +579,7 @@ impl Filesystem for FuseFs {
             .create(caller(req), parent.0, name.as_bytes(), mode, umask, flags)
         {
             Ok((i, fh)) => reply.created(
-                &TTL,
+                &entry_ttl(name, &i),
                 &attr(&i),
                 GEN,
                 FileHandle(fh),
