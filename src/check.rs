@@ -126,6 +126,46 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
         }
         *chunk_bytes.entry(ino).or_default() += len;
     }
+    // Blob references: each blob is counted once per filemap entry and once per history
+    // before-image that keeps it; nothing else exists and nothing is missing.
+    let (counts, blob_ids) = r.blob_accounting()?;
+    let mut want: HashMap<u64, u64> = HashMap::new();
+    for (_, _, b) in r.all_filemap()? {
+        *want.entry(b).or_default() += 1;
+    }
+    for rec in r.history(0..=u64::MAX)? {
+        for u in &rec.undo {
+            if let crate::store::Undo::Filemap { old: Some(b), .. } = u {
+                *want.entry(*b).or_default() += 1;
+            }
+        }
+    }
+    for (b, n) in &want {
+        if counts.get(b) != Some(n) {
+            findings.push(format!(
+                "blob {b} has {:?} references recorded but {n} exist",
+                counts.get(b)
+            ));
+        }
+    }
+    for (b, n) in &counts {
+        if !want.contains_key(b) {
+            findings.push(format!(
+                "blob {b} records {n} references but nothing refers to it"
+            ));
+        }
+    }
+    let live: HashSet<u64> = blob_ids.iter().copied().collect();
+    for b in want.keys() {
+        if !live.contains(b) {
+            findings.push(format!("blob {b} is referred to but missing"));
+        }
+    }
+    for b in &blob_ids {
+        if !want.contains_key(b) {
+            findings.push(format!("blob {b} is stored but nothing refers to it"));
+        }
+    }
     let usage = r.usage()?;
     let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
     let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;

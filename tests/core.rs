@@ -276,7 +276,7 @@ fn orphans_left_by_a_crash_are_reclaimed_at_open() {
     let (dir, fs) = new_fs();
     let ino = write_file(&fs, ROOT_INO, "tmp", b"content");
     // What a crash leaves when a file was unlinked while open: no name, an orphan mark.
-    let w = fs.store().write().unwrap();
+    let mut w = fs.store().write().unwrap();
     w.remove_dirent(ROOT_INO, "tmp").unwrap();
     w.add_orphan(ino).unwrap();
     w.commit(redbfs::store::Sync::Durable).unwrap();

@@ -7,6 +7,7 @@
 
 pub mod schema;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use schema::*;
-pub use schema::{CHUNK_SIZE, FORMAT_VERSION, Inode, Kind, ROOT_INO};
+pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 
 /// Why the store could not do what was asked.
 #[derive(Debug)]
@@ -100,6 +101,8 @@ pub struct Store {
     /// The highest commit number known to be on disk. Held while a sync runs, so concurrent
     /// durable commits wait for one fsync and share it (group commit).
     synced: Mutex<u64>,
+    /// History retention in ns; 0 = history off.
+    keep_history_ns: AtomicU64,
 }
 
 impl Store {
@@ -121,6 +124,7 @@ impl Store {
             path: path.to_path_buf(),
             commits: AtomicU64::new(0),
             synced: Mutex::new(0),
+            keep_history_ns: AtomicU64::new(0),
         };
         store.init_or_verify(root_owner)?;
         Ok(store)
@@ -141,7 +145,11 @@ impl Store {
     fn init_or_verify(&self, root_owner: (u32, u32)) -> Result<(), StoreError> {
         let r = self.read()?;
         match r.meta_u64(META_FORMAT)? {
-            Some(v) if v == FORMAT_VERSION as u64 => return Ok(()),
+            Some(v) if v == FORMAT_VERSION as u64 => {
+                let keep = r.meta_u64(META_KEEP_HISTORY)?.unwrap_or(0);
+                self.keep_history_ns.store(keep, Ordering::Relaxed);
+                return Ok(());
+            }
             Some(v) => {
                 return Err(StoreError::UnknownFormat {
                     path: self.path.clone(),
@@ -177,6 +185,12 @@ impl Store {
             tx.open_table(FILEMAP).map_err(map_err)?;
             tx.open_table(BLOBS).map_err(map_err)?;
             tx.open_table(ORPHANS).map_err(map_err)?;
+            tx.open_table(BLOBREFS).map_err(map_err)?;
+            tx.open_table(HISTORY).map_err(map_err)?;
+            tx.open_table(MARKS).map_err(map_err)?;
+            tx.open_table(REDACTED).map_err(map_err)?;
+            meta.insert(META_HISTORY_NEXT, 1u64.to_le_bytes().as_slice())
+                .map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,
@@ -209,7 +223,24 @@ impl Store {
             tx: self.db.begin_write().map_err(map_err)?,
             store: self,
             usage: UsageDelta::default(),
+            capture: self.history_on().then(Capture::default),
+            info: None,
         })
+    }
+
+    /// Whether operations append history records.
+    pub fn history_on(&self) -> bool {
+        self.keep_history_ns.load(Ordering::Relaxed) > 0
+    }
+
+    /// Sets history retention (0 turns history off) and records it in the store.
+    pub fn set_keep_history(&self, keep_ns: u64) -> Result<(), StoreError> {
+        self.keep_history_ns.store(0, Ordering::Relaxed);
+        let w = self.write()?;
+        w.put_meta(META_KEEP_HISTORY, &keep_ns.to_le_bytes())?;
+        w.commit(Sync::Durable)?;
+        self.keep_history_ns.store(keep_ns, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Makes every commit so far durable.
@@ -417,11 +448,105 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, FILEMAP, &mut stats, progress)?;
         copy_table(&self.tx, &tx, BLOBS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, ORPHANS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, BLOBREFS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
         drop(db);
         Ok(stats)
+    }
+
+    /// History records, newest first, with seq in `range`.
+    pub fn history(
+        &self,
+        range: std::ops::RangeInclusive<u64>,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.range(range).map_err(map_err)?.rev() {
+            let (k, v) = item.map_err(map_err)?;
+            out.push(
+                HistoryRecord::decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The seq of the newest history record (0 when there is none yet).
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .meta_u64(META_HISTORY_NEXT)?
+            .unwrap_or(1)
+            .saturating_sub(1))
+    }
+
+    /// The seq of the oldest history record still kept.
+    pub fn first_seq(&self) -> Result<Option<u64>, StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        Ok(t.first().map_err(map_err)?.map(|(k, _)| k.value()))
+    }
+
+    pub fn mark(&self, name: &str) -> Result<Option<u64>, StoreError> {
+        let t = self.tx.open_table(MARKS).map_err(map_err)?;
+        Ok(t.get(name).map_err(map_err)?.map(|v| v.value()))
+    }
+
+    pub fn marks(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let t = self.tx.open_table(MARKS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            out.push((k.value().to_string(), v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Whether `redact` erased any blob of `ino`'s current content.
+    pub fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let red = self.tx.open_table(REDACTED).map_err(map_err)?;
+        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+            if red
+                .get(item.map_err(map_err)?.1.value())
+                .map_err(map_err)?
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every blob's reference count, and the blob ids that exist (for check).
+    pub fn blob_accounting(&self) -> Result<(HashMap<u64, u64>, Vec<u64>), StoreError> {
+        let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let mut counts = HashMap::new();
+        for item in refs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            counts.insert(k.value(), v.value());
+        }
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut ids = Vec::new();
+        for item in blobs.iter().map_err(map_err)? {
+            ids.push(item.map_err(map_err)?.0.value());
+        }
+        Ok((counts, ids))
+    }
+
+    /// Every (ino, chunk index, blob id) of current content (for check).
+    pub fn all_filemap(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in map.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, idx) = k.value();
+            out.push((ino, idx, v.value()));
+        }
+        Ok(out)
     }
 
     /// When the last transaction committed, ns since the epoch.
@@ -548,11 +673,43 @@ struct UsageDelta {
     content_bytes: i64,
 }
 
+/// What the operation being committed was and who did it, for its history record.
+#[derive(Clone, Debug, Default)]
+pub struct OpInfo {
+    pub op: &'static str,
+    pub paths: Vec<String>,
+    pub ino: u64,
+    pub size_before: u64,
+    pub size_after: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// Before-images captured while history is on.
+#[derive(Default)]
+struct Capture {
+    undo: Vec<Undo>,
+    seen: std::collections::HashSet<(u8, u64, u64, String)>,
+}
+
 /// A write transaction. Dropping it without `commit` rolls everything back.
+///
+/// Every change goes through four primitives (`set_inode`, `set_dirent`, `set_filemap`,
+/// `set_orphan`); with history on, each captures the key's value before the transaction's
+/// first change to it, and the record of those before-images is appended at commit.
 pub struct WriteTxn<'s> {
     tx: redb::WriteTransaction,
     store: &'s Store,
     usage: UsageDelta,
+    capture: Option<Capture>,
+    info: Option<OpInfo>,
+}
+
+fn process_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
 }
 
 impl WriteTxn<'_> {
@@ -562,6 +719,24 @@ impl WriteTxn<'_> {
             .map_err(map_err)?
             .len()
             .map_err(map_err)
+    }
+
+    /// Stops recording before-images: for transactions that are not user operations
+    /// (applying history to a scratch copy, dropping expired history).
+    pub fn without_history(&mut self) {
+        self.capture = None;
+    }
+
+    /// Names the operation for its history record.
+    pub fn describe(&mut self, info: OpInfo) {
+        self.info = Some(info);
+    }
+
+    fn first_touch(&mut self, tag: u8, a: u64, b: u64, name: &str) -> bool {
+        match &mut self.capture {
+            Some(c) => c.seen.insert((tag, a, b, name.to_string())),
+            None => false,
+        }
     }
 
     pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
@@ -601,119 +776,208 @@ impl WriteTxn<'_> {
         self.next_counter(META_NEXT_INO)
     }
 
-    /// Writes an inode record, keeping the usage counters in step.
-    pub fn put_inode(&mut self, inode: &Inode) -> Result<(), StoreError> {
-        let mut t = self.tx.open_table(INODES).map_err(map_err)?;
-        let old = get_inode_in(&t, inode.ino)?;
-        match &old {
-            None => match inode.kind {
-                Kind::File => self.usage.files += 1,
-                Kind::Dir => self.usage.dirs += 1,
-            },
-            Some(o) => self.usage.content_bytes -= o.size as i64,
-        }
-        self.usage.content_bytes += inode.size as i64;
-        t.insert(inode.ino, inode.encode().as_slice())
-            .map_err(map_err)?;
+    // ---- blob reference counts ----
+
+    fn blob_ref(&self, blob: u64) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let n = t.get(blob).map_err(map_err)?.map_or(0, |v| v.value());
+        t.insert(blob, n + 1).map_err(map_err)?;
         Ok(())
+    }
+
+    fn blob_unref(&self, blob: u64) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let n = t.get(blob).map_err(map_err)?.map_or(0, |v| v.value());
+        if n > 1 {
+            t.insert(blob, n - 1).map_err(map_err)?;
+        } else {
+            t.remove(blob).map_err(map_err)?;
+            self.tx
+                .open_table(BLOBS)
+                .map_err(map_err)?
+                .remove(blob)
+                .map_err(map_err)?;
+            self.tx
+                .open_table(REDACTED)
+                .map_err(map_err)?
+                .remove(blob)
+                .map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    // ---- the four primitives ----
+
+    /// Sets or removes an inode record, keeping the usage counters in step.
+    pub fn set_inode(&mut self, ino: u64, new: Option<&Inode>) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(INODES).map_err(map_err)?;
+        let old_bytes = t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec());
+        let old = match &old_bytes {
+            Some(b) => Some(Inode::decode(ino, b).ok_or_else(|| corrupt("record", ino))?),
+            None => None,
+        };
+        match new {
+            Some(n) => {
+                t.insert(ino, n.encode().as_slice()).map_err(map_err)?;
+            }
+            None => {
+                t.remove(ino).map_err(map_err)?;
+            }
+        }
+        drop(t);
+        for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
+            if let Some(i) = i {
+                match i.kind {
+                    Kind::File => self.usage.files += sign,
+                    Kind::Dir => self.usage.dirs += sign,
+                }
+                self.usage.content_bytes += sign * i.size as i64;
+            }
+        }
+        if self.first_touch(1, ino, 0, "") {
+            self.push_undo(Undo::Inode {
+                ino,
+                old: old_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets or removes a directory entry.
+    pub fn set_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+        new: Option<(u64, Kind)>,
+    ) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        let old = match new {
+            Some((ino, kind)) => t.insert((parent, name), (ino, kind.to_byte())),
+            None => t.remove((parent, name)),
+        }
+        .map_err(map_err)?
+        .map(|v| v.value());
+        drop(t);
+        if self.first_touch(2, parent, 0, name) {
+            self.push_undo(Undo::Dirent {
+                parent,
+                name: name.to_string(),
+                old,
+            });
+        }
+        Ok(())
+    }
+
+    /// Points chunk `idx` of `ino` at `new` (or makes it a hole), adjusting blob references.
+    pub fn set_filemap(&mut self, ino: u64, idx: u64, new: Option<u64>) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let old = match new {
+            Some(b) => t.insert((ino, idx), b),
+            None => t.remove((ino, idx)),
+        }
+        .map_err(map_err)?
+        .map(|v| v.value());
+        drop(t);
+        if old == new {
+            return Ok(());
+        }
+        if self.first_touch(3, ino, idx, "") {
+            // The history record keeps the old blob alive.
+            if let Some(o) = old {
+                self.blob_ref(o)?;
+            }
+            self.push_undo(Undo::Filemap { ino, idx, old });
+        }
+        if let Some(n) = new {
+            self.blob_ref(n)?;
+        }
+        if let Some(o) = old {
+            self.blob_unref(o)?;
+        }
+        Ok(())
+    }
+
+    /// Marks or unmarks `ino` as an orphan.
+    pub fn set_orphan(&mut self, ino: u64, present: bool) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(ORPHANS).map_err(map_err)?;
+        let was = if present {
+            t.insert(ino, ())
+        } else {
+            t.remove(ino)
+        }
+        .map_err(map_err)?
+        .is_some();
+        drop(t);
+        if was != present && self.first_touch(4, ino, 0, "") {
+            self.push_undo(Undo::Orphan { ino, present: was });
+        }
+        Ok(())
+    }
+
+    fn push_undo(&mut self, u: Undo) {
+        if let Some(c) = &mut self.capture {
+            c.undo.push(u);
+        }
+    }
+
+    // ---- operations built on the primitives ----
+
+    /// Writes an inode record.
+    pub fn put_inode(&mut self, inode: &Inode) -> Result<(), StoreError> {
+        self.set_inode(inode.ino, Some(inode))
     }
 
     /// Deletes an inode record with all its content and any orphan mark.
     pub fn delete_inode(&mut self, ino: u64) -> Result<(), StoreError> {
-        let old = {
-            let mut t = self.tx.open_table(INODES).map_err(map_err)?;
-            let old = get_inode_in(&t, ino)?;
-            t.remove(ino).map_err(map_err)?;
-            old
-        };
-        if let Some(o) = old {
-            match o.kind {
-                Kind::File => self.usage.files -= 1,
-                Kind::Dir => self.usage.dirs -= 1,
-            }
-            self.usage.content_bytes -= o.size as i64;
-        }
+        self.set_inode(ino, None)?;
         self.remove_chunks_from(ino, 0)?;
-        self.tx
-            .open_table(ORPHANS)
-            .map_err(map_err)?
-            .remove(ino)
-            .map_err(map_err)?;
-        Ok(())
+        self.set_orphan(ino, false)
     }
 
     pub fn put_dirent(
-        &self,
+        &mut self,
         parent: u64,
         name: &str,
         ino: u64,
         kind: Kind,
     ) -> Result<(), StoreError> {
-        self.tx
-            .open_table(DIRENTS)
-            .map_err(map_err)?
-            .insert((parent, name), (ino, kind.to_byte()))
-            .map_err(map_err)?;
-        Ok(())
+        self.set_dirent(parent, name, Some((ino, kind)))
     }
 
-    pub fn remove_dirent(&self, parent: u64, name: &str) -> Result<(), StoreError> {
-        self.tx
-            .open_table(DIRENTS)
-            .map_err(map_err)?
-            .remove((parent, name))
-            .map_err(map_err)?;
-        Ok(())
+    pub fn remove_dirent(&mut self, parent: u64, name: &str) -> Result<(), StoreError> {
+        self.set_dirent(parent, name, None)
     }
 
-    /// Stores `data` as chunk `idx` of `ino` in a new blob, releasing the blob it replaces.
-    pub fn put_chunk(&self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
+    /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
+    /// (or kept by history).
+    pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
         let blob = self.next_counter(META_NEXT_BLOB)?;
         self.tx
             .open_table(BLOBS)
             .map_err(map_err)?
             .insert(blob, data)
             .map_err(map_err)?;
-        let old = self
-            .tx
-            .open_table(FILEMAP)
-            .map_err(map_err)?
-            .insert((ino, idx), blob)
-            .map_err(map_err)?
-            .map(|v| v.value());
-        if let Some(old) = old {
-            self.tx
-                .open_table(BLOBS)
-                .map_err(map_err)?
-                .remove(old)
-                .map_err(map_err)?;
+        self.set_filemap(ino, idx, Some(blob))
+    }
+
+    /// Removes chunks `first..` of `ino`.
+    pub fn remove_chunks_from(&mut self, ino: u64, first: u64) -> Result<(), StoreError> {
+        let idxs: Vec<u64> = {
+            let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in map.range((ino, first)..=(ino, u64::MAX)).map_err(map_err)? {
+                v.push(item.map_err(map_err)?.0.value().1);
+            }
+            v
+        };
+        for idx in idxs {
+            self.set_filemap(ino, idx, None)?;
         }
         Ok(())
     }
 
-    /// Removes chunks `first..` of `ino` and their blobs.
-    pub fn remove_chunks_from(&self, ino: u64, first: u64) -> Result<(), StoreError> {
-        let mut map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-        let mut removed = Vec::new();
-        map.retain_in((ino, first)..=(ino, u64::MAX), |_, blob| {
-            removed.push(blob);
-            false
-        })
-        .map_err(map_err)?;
-        for b in removed {
-            blobs.remove(b).map_err(map_err)?;
-        }
-        Ok(())
-    }
-
-    pub fn add_orphan(&self, ino: u64) -> Result<(), StoreError> {
-        self.tx
-            .open_table(ORPHANS)
-            .map_err(map_err)?
-            .insert(ino, ())
-            .map_err(map_err)?;
-        Ok(())
+    pub fn add_orphan(&mut self, ino: u64) -> Result<(), StoreError> {
+        self.set_orphan(ino, true)
     }
 
     pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
@@ -745,8 +1009,194 @@ impl WriteTxn<'_> {
         })
     }
 
-    /// Commits everything written in this transaction.
+    // ---- history ----
+
+    /// Restores the before-images of `undo`, newest change first. With history on, this is
+    /// itself captured, so undoing can be undone.
+    pub fn apply_undo(&mut self, undo: &[Undo]) -> Result<(), StoreError> {
+        for u in undo.iter().rev() {
+            match u {
+                Undo::Inode { ino, old } => {
+                    let old = match old {
+                        Some(b) => Some(
+                            Inode::decode(*ino, b)
+                                .ok_or_else(|| corrupt("history record", *ino))?,
+                        ),
+                        None => None,
+                    };
+                    self.set_inode(*ino, old.as_ref())?;
+                }
+                Undo::Dirent { parent, name, old } => {
+                    let old = match old {
+                        Some((ino, k)) => Some((
+                            *ino,
+                            Kind::from_byte(*k).ok_or_else(|| corrupt("history dirent", *ino))?,
+                        )),
+                        None => None,
+                    };
+                    self.set_dirent(*parent, name, old)?;
+                }
+                Undo::Filemap { ino, idx, old } => {
+                    if let Some(b) = old
+                        && !self
+                            .tx
+                            .open_table(BLOBS)
+                            .map_err(map_err)?
+                            .get(*b)
+                            .map_err(map_err)?
+                            .is_some()
+                    {
+                        return Err(StoreError::Corrupt(format!(
+                            "history refers to missing blob {b}"
+                        )));
+                    }
+                    self.set_filemap(*ino, *idx, *old)?;
+                }
+                Undo::Orphan { ino, present } => self.set_orphan(*ino, *present)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// History records with seq above `after`, newest first.
+    pub fn history_after(&self, after: u64) -> Result<Vec<HistoryRecord>, StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.range(after + 1..).map_err(map_err)?.rev() {
+            let (k, v) = item.map_err(map_err)?;
+            out.push(
+                HistoryRecord::decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Removes history records with seq above `after`, releasing what they kept alive.
+    pub fn truncate_history_after(&mut self, after: u64) -> Result<(), StoreError> {
+        for r in self.history_after(after)? {
+            self.drop_record(&r)?;
+        }
+        Ok(())
+    }
+
+    fn drop_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        for u in &r.undo {
+            if let Undo::Filemap { old: Some(b), .. } = u {
+                self.blob_unref(*b)?;
+            }
+        }
+        self.tx
+            .open_table(HISTORY)
+            .map_err(map_err)?
+            .remove(r.seq)
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// Drops up to `max` records older than `cutoff` (ns since the epoch).
+    fn expire_history(&mut self, cutoff: i64, max: usize) -> Result<(), StoreError> {
+        let old: Vec<HistoryRecord> = {
+            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in t.iter().map_err(map_err)?.take(max) {
+                let (k, val) = item.map_err(map_err)?;
+                let r = HistoryRecord::decode(k.value(), val.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                if r.time >= cutoff {
+                    break;
+                }
+                v.push(r);
+            }
+            v
+        };
+        for r in &old {
+            self.drop_record(r)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites one history record (redaction).
+    pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        self.tx
+            .open_table(HISTORY)
+            .map_err(map_err)?
+            .insert(r.seq, r.encode().as_slice())
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// Erases a blob's bytes, keeping its id so records and references stay valid.
+    pub fn redact_blob(&mut self, blob: u64) -> Result<bool, StoreError> {
+        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        if blobs.get(blob).map_err(map_err)?.is_none() {
+            return Ok(false);
+        }
+        blobs.insert(blob, [].as_slice()).map_err(map_err)?;
+        self.tx
+            .open_table(REDACTED)
+            .map_err(map_err)?
+            .insert(blob, ())
+            .map_err(map_err)?;
+        Ok(true)
+    }
+
+    /// The blob ids of `ino`'s current content.
+    pub fn blobs_of(&self, ino: u64) -> Result<Vec<u64>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut v = Vec::new();
+        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+            v.push(item.map_err(map_err)?.1.value());
+        }
+        Ok(v)
+    }
+
+    pub fn set_mark(&self, name: &str, seq: u64) -> Result<(), StoreError> {
+        self.tx
+            .open_table(MARKS)
+            .map_err(map_err)?
+            .insert(name, seq)
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    /// Commits everything written in this transaction, with its history record.
     pub fn commit(mut self, sync: Sync) -> Result<(), StoreError> {
+        let now = now_ns();
+        if let Some(c) = self.capture.take()
+            && !c.undo.is_empty()
+        {
+            let seq = self.next_counter(META_HISTORY_NEXT)?;
+            let info = self.info.take().unwrap_or(OpInfo {
+                op: "change",
+                ..OpInfo::default()
+            });
+            let record = HistoryRecord {
+                seq,
+                time: now,
+                op: info.op.to_string(),
+                paths: info.paths,
+                ino: info.ino,
+                size_before: info.size_before,
+                size_after: info.size_after,
+                uid: info.uid,
+                gid: info.gid,
+                pid: info.pid,
+                comm: if info.pid != 0 {
+                    process_name(info.pid)
+                } else {
+                    String::new()
+                },
+                redacted: false,
+                undo: c.undo,
+            };
+            self.put_record(&record)?;
+            let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
+            if keep > 0 {
+                // A bounded batch per commit keeps every commit cheap; the rest follow.
+                self.expire_history(now.saturating_sub(keep as i64), 16)?;
+            }
+        }
         let usage = self.usage()?;
         {
             let mut meta = self.tx.open_table(META).map_err(map_err)?;
@@ -754,7 +1204,7 @@ impl WriteTxn<'_> {
                 (META_FILES, usage.files),
                 (META_DIRS, usage.dirs),
                 (META_CONTENT_BYTES, usage.content_bytes),
-                (META_LAST_COMMIT, now_ns() as u64),
+                (META_LAST_COMMIT, now as u64),
             ] {
                 meta.insert(k, v.to_le_bytes().as_slice())
                     .map_err(map_err)?;

@@ -21,7 +21,16 @@
 //!                                       without copying them
 //! orphans  u64 ino         -> ()        unlinked while open; reclaimed at last release or at the
 //!                                       next mount
+//! blobrefs u64 blob id     -> u64       references to a blob: filemap entries plus history
+//!                                       before-images; the blob is deleted when it reaches 0
+//! history  u64 seq         -> &[u8]     one `HistoryRecord` per committed operation, appended in
+//!                                       the operation's own transaction (when history is on)
+//! marks    &str name       -> u64       a labelled point: the last history seq when it was made
+//! redacted u64 blob id     -> ()        blobs whose content `redact` erased
 //! ```
+//!
+//! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
+//! in ns; 0 = history off).
 //!
 //! # Inode record, version 1 (little-endian)
 //!
@@ -62,12 +71,18 @@ pub(crate) const DIRENTS: TableDefinition<(u64, &str), (u64, u8)> = TableDefinit
 pub(crate) const FILEMAP: TableDefinition<(u64, u64), u64> = TableDefinition::new("filemap");
 pub(crate) const BLOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("blobs");
 pub(crate) const ORPHANS: TableDefinition<u64, ()> = TableDefinition::new("orphans");
+pub(crate) const BLOBREFS: TableDefinition<u64, u64> = TableDefinition::new("blobrefs");
+pub(crate) const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
+pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
 pub(crate) const META_NEXT_BLOB: &str = "next_blob";
 pub(crate) const META_CREATED: &str = "created";
 pub const META_LIMITS: &str = "limits";
+pub(crate) const META_HISTORY_NEXT: &str = "history_next";
+pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
 
 const INODE_RECORD_VERSION: u8 = 1;
 const INODE_FIXED_LEN: usize = 68;
@@ -164,9 +179,302 @@ impl Inode {
     }
 }
 
+/// The value a key had before a transaction changed it: undoing a record restores these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Undo {
+    Inode {
+        ino: u64,
+        old: Option<Vec<u8>>,
+    },
+    Dirent {
+        parent: u64,
+        name: String,
+        old: Option<(u64, u8)>,
+    },
+    Filemap {
+        ino: u64,
+        idx: u64,
+        old: Option<u64>,
+    },
+    Orphan {
+        ino: u64,
+        present: bool,
+    },
+}
+
+/// One committed operation: what it was, who did it, and how to undo it.
+///
+/// Layout, version 1 (little-endian; `str` is a u16 length and UTF-8 bytes):
+///
+/// ```text
+/// u8 version (1) | i64 time | str op | u16 n, n x str paths | u64 ino | u64 size_before |
+/// u64 size_after | u32 uid | u32 gid | u32 pid | str comm | u8 flags (1: content redacted) |
+/// u32 n, n x undo
+/// undo: u8 tag, then
+///   1 inode:   u64 ino, u8 has, [u32 len, bytes]
+///   2 dirent:  u64 parent, str name, u8 has, [u64 ino, u8 kind]
+///   3 filemap: u64 ino, u64 idx, u8 has, [u64 blob]
+///   4 orphan:  u64 ino, u8 present
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HistoryRecord {
+    pub seq: u64,
+    pub time: i64,
+    pub op: String,
+    pub paths: Vec<String>,
+    pub ino: u64,
+    pub size_before: u64,
+    pub size_after: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub redacted: bool,
+    #[serde(skip)]
+    pub undo: Vec<Undo>,
+}
+
+const HISTORY_RECORD_VERSION: u8 = 1;
+
+struct Enc(Vec<u8>);
+
+impl Enc {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        // Longer strings are cut at a character boundary; paths are bounded far below this.
+        let mut end = s.len().min(u16::MAX as usize);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.u16(end as u16);
+        self.0.extend_from_slice(&s.as_bytes()[..end]);
+    }
+}
+
+struct Dec<'a>(&'a [u8]);
+
+impl Dec<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    }
+    fn str(&mut self) -> Option<String> {
+        let n = self.u16()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+impl HistoryRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(128));
+        e.u8(HISTORY_RECORD_VERSION);
+        e.u64(self.time as u64);
+        e.str(&self.op);
+        e.u16(self.paths.len() as u16);
+        for p in &self.paths {
+            e.str(p);
+        }
+        e.u64(self.ino);
+        e.u64(self.size_before);
+        e.u64(self.size_after);
+        e.u32(self.uid);
+        e.u32(self.gid);
+        e.u32(self.pid);
+        e.str(&self.comm);
+        e.u8(u8::from(self.redacted));
+        e.u32(self.undo.len() as u32);
+        for u in &self.undo {
+            match u {
+                Undo::Inode { ino, old } => {
+                    e.u8(1);
+                    e.u64(*ino);
+                    e.u8(u8::from(old.is_some()));
+                    if let Some(b) = old {
+                        e.u32(b.len() as u32);
+                        e.0.extend_from_slice(b);
+                    }
+                }
+                Undo::Dirent { parent, name, old } => {
+                    e.u8(2);
+                    e.u64(*parent);
+                    e.str(name);
+                    e.u8(u8::from(old.is_some()));
+                    if let Some((ino, kind)) = old {
+                        e.u64(*ino);
+                        e.u8(*kind);
+                    }
+                }
+                Undo::Filemap { ino, idx, old } => {
+                    e.u8(3);
+                    e.u64(*ino);
+                    e.u64(*idx);
+                    e.u8(u8::from(old.is_some()));
+                    if let Some(b) = old {
+                        e.u64(*b);
+                    }
+                }
+                Undo::Orphan { ino, present } => {
+                    e.u8(4);
+                    e.u64(*ino);
+                    e.u8(u8::from(*present));
+                }
+            }
+        }
+        e.0
+    }
+
+    /// Decodes a record; `None` when the bytes are not a version-1 history record.
+    pub fn decode(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
+        let mut d = Dec(b);
+        if d.u8()? != HISTORY_RECORD_VERSION {
+            return None;
+        }
+        let time = d.u64()? as i64;
+        let op = d.str()?;
+        let n = d.u16()?;
+        let paths = (0..n).map(|_| d.str()).collect::<Option<Vec<_>>>()?;
+        let mut r = HistoryRecord {
+            seq,
+            time,
+            op,
+            paths,
+            ino: d.u64()?,
+            size_before: d.u64()?,
+            size_after: d.u64()?,
+            uid: d.u32()?,
+            gid: d.u32()?,
+            pid: d.u32()?,
+            comm: d.str()?,
+            redacted: d.u8()? != 0,
+            undo: Vec::new(),
+        };
+        let n = d.u32()?;
+        for _ in 0..n {
+            let u = match d.u8()? {
+                1 => {
+                    let ino = d.u64()?;
+                    let old = if d.u8()? != 0 {
+                        let len = d.u32()? as usize;
+                        Some(d.take(len)?.to_vec())
+                    } else {
+                        None
+                    };
+                    Undo::Inode { ino, old }
+                }
+                2 => {
+                    let parent = d.u64()?;
+                    let name = d.str()?;
+                    let old = if d.u8()? != 0 {
+                        Some((d.u64()?, d.u8()?))
+                    } else {
+                        None
+                    };
+                    Undo::Dirent { parent, name, old }
+                }
+                3 => {
+                    let ino = d.u64()?;
+                    let idx = d.u64()?;
+                    let old = if d.u8()? != 0 { Some(d.u64()?) } else { None };
+                    Undo::Filemap { ino, idx, old }
+                }
+                4 => Undo::Orphan {
+                    ino: d.u64()?,
+                    present: d.u8()? != 0,
+                },
+                _ => return None,
+            };
+            r.undo.push(u);
+        }
+        Some(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn history_record_round_trips() {
+        let r = HistoryRecord {
+            seq: 9,
+            time: 1_700_000_000_000_000_000,
+            op: "rename".into(),
+            paths: vec!["/memories/a".into(), "/memories/b \u{1F600}".into()],
+            ino: 5,
+            size_before: 10,
+            size_after: 12,
+            uid: 1000,
+            gid: 100,
+            pid: 4242,
+            comm: "node".into(),
+            redacted: false,
+            undo: vec![
+                Undo::Inode {
+                    ino: 5,
+                    old: Some(vec![1, 2, 3]),
+                },
+                Undo::Inode { ino: 6, old: None },
+                Undo::Dirent {
+                    parent: 1,
+                    name: "a".into(),
+                    old: Some((5, 1)),
+                },
+                Undo::Dirent {
+                    parent: 1,
+                    name: "b".into(),
+                    old: None,
+                },
+                Undo::Filemap {
+                    ino: 5,
+                    idx: 0,
+                    old: Some(77),
+                },
+                Undo::Filemap {
+                    ino: 5,
+                    idx: 1,
+                    old: None,
+                },
+                Undo::Orphan {
+                    ino: 6,
+                    present: true,
+                },
+            ],
+        };
+        assert_eq!(HistoryRecord::decode(9, &r.encode()), Some(r.clone()));
+        let mut bad = r.encode();
+        bad[0] = 2;
+        assert_eq!(HistoryRecord::decode(9, &bad), None);
+        assert_eq!(HistoryRecord::decode(9, &r.encode()[..20]), None);
+    }
 
     fn sample() -> Inode {
         Inode {
