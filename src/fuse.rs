@@ -184,7 +184,7 @@ impl Filesystem for FuseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -210,7 +210,7 @@ impl Filesystem for FuseFs {
             mtime: mtime.map(time_set),
             fh: fh.map(|f| f.0),
         };
-        match self.fs.setattr(ino.0, a) {
+        match self.fs.setattr(caller(req), ino.0, a) {
             Ok(i) => reply.attr(&TTL, &attr(&i)),
             Err(e) => reply.error(self.fail("setattr", ino.0, None, &e)),
         }
@@ -255,17 +255,17 @@ impl Filesystem for FuseFs {
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         tracing::debug!(op = "unlink", parent = parent.0, ?name);
-        match self.fs.unlink(parent.0, name.as_bytes()) {
+        match self.fs.unlink(caller(req), parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("unlink", parent.0, Some(name), &e)),
         }
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         tracing::debug!(op = "rmdir", parent = parent.0, ?name);
-        match self.fs.rmdir(parent.0, name.as_bytes()) {
+        match self.fs.rmdir(caller(req), parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("rmdir", parent.0, Some(name), &e)),
         }
@@ -297,7 +297,7 @@ impl Filesystem for FuseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -314,6 +314,7 @@ impl Filesystem for FuseFs {
             flags = flags.bits()
         );
         match self.fs.rename(
+            caller(req),
             parent.0,
             name.as_bytes(),
             newparent.0,
@@ -325,9 +326,12 @@ impl Filesystem for FuseFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         tracing::debug!(op = "open", ino = ino.0, flags = flags.0);
-        match self.fs.open(ino.0, OpenMode::from_flags(flags.0)) {
+        match self
+            .fs
+            .open(caller(req), ino.0, OpenMode::from_flags(flags.0))
+        {
             // Every change goes through this mount, so the page cache stays true across opens.
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(self.fail("open", ino.0, None, &e)),
@@ -354,7 +358,7 @@ impl Filesystem for FuseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -365,7 +369,7 @@ impl Filesystem for FuseFs {
         reply: ReplyWrite,
     ) {
         tracing::debug!(op = "write", ino = ino.0, offset, len = data.len());
-        match self.fs.write(fh.0, offset, data) {
+        match self.fs.write(caller(req), fh.0, offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(self.fail("write", ino.0, None, &e)),
         }

@@ -25,14 +25,14 @@ fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
     let (inode, fh) = fs
         .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
         .unwrap();
-    fs.write(fh, 0, data).unwrap();
+    fs.write(ME, fh, 0, data).unwrap();
     fs.flush(fh).unwrap();
     fs.release(fh).unwrap();
     inode.ino
 }
 
 fn read_all(fs: &Fs, ino: u64) -> Vec<u8> {
-    let fh = fs.open(ino, OpenMode::default()).unwrap();
+    let fh = fs.open(ME, ino, OpenMode::default()).unwrap();
     let data = fs.read(fh, 0, u32::MAX).unwrap();
     fs.release(fh).unwrap();
     data
@@ -77,9 +77,9 @@ fn holes_read_as_zeros_and_size_is_exact_while_buffered() {
     let (inode, fh) = fs
         .create(ME, ROOT_INO, b"sparse", 0o644, 0, libc::O_RDWR)
         .unwrap();
-    fs.write(fh, 200_000, b"end").unwrap();
+    fs.write(ME, fh, 200_000, b"end").unwrap();
     // Another handle sees the buffered size before any commit.
-    let fh2 = fs.open(inode.ino, OpenMode::default()).unwrap();
+    let fh2 = fs.open(ME, inode.ino, OpenMode::default()).unwrap();
     assert_eq!(fs.getattr(inode.ino).unwrap().size, 200_003);
     let data = fs.read(fh2, 0, 300_000).unwrap();
     assert_eq!(data.len(), 200_003);
@@ -95,6 +95,7 @@ fn truncate_then_grow_reads_zeros_not_old_bytes() {
     let (_d, fs) = new_fs();
     let ino = write_file(&fs, ROOT_INO, "f", &vec![7u8; 150_000]);
     fs.setattr(
+        ME,
         ino,
         SetAttr {
             size: Some(70_000),
@@ -103,6 +104,7 @@ fn truncate_then_grow_reads_zeros_not_old_bytes() {
     )
     .unwrap();
     fs.setattr(
+        ME,
         ino,
         SetAttr {
             size: Some(140_000),
@@ -122,6 +124,7 @@ fn o_trunc_is_buffered_until_close() {
     let ino = write_file(&fs, ROOT_INO, "f", b"old content");
     let fh = fs
         .open(
+            ME,
             ino,
             OpenMode {
                 write: true,
@@ -130,7 +133,7 @@ fn o_trunc_is_buffered_until_close() {
             },
         )
         .unwrap();
-    fs.write(fh, 0, b"new").unwrap();
+    fs.write(ME, fh, 0, b"new").unwrap();
     // The store still has the old content until the handle commits.
     let stored = fs.store().read().unwrap().inode(ino).unwrap().unwrap();
     assert_eq!(stored.size, 11);
@@ -144,6 +147,7 @@ fn append_writes_at_the_end() {
     let ino = write_file(&fs, ROOT_INO, "log", b"one\n");
     let fh = fs
         .open(
+            ME,
             ino,
             OpenMode {
                 write: true,
@@ -152,7 +156,7 @@ fn append_writes_at_the_end() {
             },
         )
         .unwrap();
-    fs.write(fh, 0, b"two\n").unwrap();
+    fs.write(ME, fh, 0, b"two\n").unwrap();
     fs.release(fh).unwrap();
     assert_eq!(read_all(&fs, ino), b"one\ntwo\n");
 }
@@ -163,11 +167,11 @@ fn rmdir_non_empty_is_enotempty() {
     let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap();
     write_file(&fs, d.ino, "x", b"1");
     assert_eq!(
-        fs.rmdir(ROOT_INO, b"d").unwrap_err().errno(),
+        fs.rmdir(ME, ROOT_INO, b"d").unwrap_err().errno(),
         libc::ENOTEMPTY
     );
-    fs.unlink(d.ino, b"x").unwrap();
-    fs.rmdir(ROOT_INO, b"d").unwrap();
+    fs.unlink(ME, d.ino, b"x").unwrap();
+    fs.rmdir(ME, ROOT_INO, b"d").unwrap();
     assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 2);
     assert!(matches!(fs.lookup(ROOT_INO, b"d"), Err(Error::NotFound)));
 }
@@ -179,11 +183,11 @@ fn rename_replaces_files_and_moves_directories() {
     let b = fs.mkdir(ME, ROOT_INO, b"b", 0o755, 0).unwrap();
     let src = write_file(&fs, a.ino, "src", b"new");
     write_file(&fs, a.ino, "dst", b"old");
-    fs.rename(a.ino, b"src", a.ino, b"dst", 0).unwrap();
+    fs.rename(ME, a.ino, b"src", a.ino, b"dst", 0).unwrap();
     assert_eq!(names(&fs, a.ino), vec!["dst"]);
     assert_eq!(read_all(&fs, src), b"new");
     // Move a into b: nlink of both parents follows.
-    fs.rename(ROOT_INO, b"a", b.ino, b"a2", 0).unwrap();
+    fs.rename(ME, ROOT_INO, b"a", b.ino, b"a2", 0).unwrap();
     assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
     assert_eq!(fs.getattr(b.ino).unwrap().nlink, 3);
     assert_eq!(fs.lookup(b.ino, b"a2").unwrap().ino, a.ino);
@@ -200,31 +204,38 @@ fn rename_errors() {
     write_file(&fs, ROOT_INO, "f", b"1");
     let errno = |r: Result<(), Error>| r.unwrap_err().errno();
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"a", sub.ino, b"a", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"a", sub.ino, b"a", 0)),
         libc::EINVAL
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"a", a.ino, b"x", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"a", a.ino, b"x", 0)),
         libc::EINVAL
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"a", ROOT_INO, b"full", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"a", ROOT_INO, b"full", 0)),
         libc::ENOTEMPTY
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"a", ROOT_INO, b"f", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"a", ROOT_INO, b"f", 0)),
         libc::ENOTDIR
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"f", ROOT_INO, b"a", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"f", ROOT_INO, b"a", 0)),
         libc::EISDIR
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"f", ROOT_INO, b"full", libc::RENAME_NOREPLACE)),
+        errno(fs.rename(
+            ME,
+            ROOT_INO,
+            b"f",
+            ROOT_INO,
+            b"full",
+            libc::RENAME_NOREPLACE
+        )),
         libc::EEXIST
     );
     assert_eq!(
-        errno(fs.rename(ROOT_INO, b"nope", ROOT_INO, b"x", 0)),
+        errno(fs.rename(ME, ROOT_INO, b"nope", ROOT_INO, b"x", 0)),
         libc::ENOENT
     );
 }
@@ -234,7 +245,7 @@ fn rename_exchange_swaps_atomically() {
     let (_d, fs) = new_fs();
     let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap();
     let f = write_file(&fs, ROOT_INO, "f", b"file");
-    fs.rename(ROOT_INO, b"d", ROOT_INO, b"f", libc::RENAME_EXCHANGE)
+    fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"f", libc::RENAME_EXCHANGE)
         .unwrap();
     assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, d.ino);
     assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, f);
@@ -247,11 +258,11 @@ fn unlinked_open_file_lives_until_last_release() {
     let (inode, fh) = fs
         .create(ME, ROOT_INO, b"tmp", 0o600, 0, libc::O_RDWR)
         .unwrap();
-    fs.write(fh, 0, b"still here").unwrap();
+    fs.write(ME, fh, 0, b"still here").unwrap();
     fs.flush(fh).unwrap();
-    fs.unlink(ROOT_INO, b"tmp").unwrap();
+    fs.unlink(ME, ROOT_INO, b"tmp").unwrap();
     assert!(matches!(fs.lookup(ROOT_INO, b"tmp"), Err(Error::NotFound)));
-    fs.write(fh, 10, b"!").unwrap();
+    fs.write(ME, fh, 10, b"!").unwrap();
     assert_eq!(fs.read(fh, 0, 100).unwrap(), b"still here!");
     assert_eq!(
         fs.store().read().unwrap().orphans().unwrap(),
@@ -294,6 +305,7 @@ fn setattr_mode_times_and_owner() {
     let ino = write_file(&fs, ROOT_INO, "f", b"x");
     let i = fs
         .setattr(
+            ME,
             ino,
             SetAttr {
                 mode: Some(0o100640),
@@ -315,6 +327,7 @@ fn setgid_directories_pass_on_their_group() {
     let (_d, fs) = new_fs();
     let d = fs.mkdir(ME, ROOT_INO, b"shared", 0o2775, 0).unwrap();
     fs.setattr(
+        ME,
         d.ino,
         SetAttr {
             gid: Some(4242),
@@ -358,7 +371,7 @@ fn readdir_offsets_stay_valid_while_the_directory_changes() {
     }
     let fh = fs.opendir(ROOT_INO).unwrap();
     let first = fs.readdir(fh, 0).unwrap();
-    fs.unlink(ROOT_INO, b"f050").unwrap();
+    fs.unlink(ME, ROOT_INO, b"f050").unwrap();
     write_file(&fs, ROOT_INO, "zzz", b"");
     let later = fs.readdir(fh, 52).unwrap();
     assert_eq!(first[52].name, later[52].name);
@@ -382,16 +395,16 @@ fn limits_refuse_with_their_errno() {
         .create(ME, ROOT_INO, b"a", 0o644, 0, libc::O_WRONLY)
         .unwrap();
     assert_eq!(
-        fs.write(fh, 0, &[1u8; 1001]).unwrap_err().errno(),
+        fs.write(ME, fh, 0, &[1u8; 1001]).unwrap_err().errno(),
         libc::EFBIG
     );
-    fs.write(fh, 0, &[1u8; 1000]).unwrap();
+    fs.write(ME, fh, 0, &[1u8; 1000]).unwrap();
     fs.release(fh).unwrap();
     let (_, fh) = fs
         .create(ME, ROOT_INO, b"b", 0o644, 0, libc::O_WRONLY)
         .unwrap();
     assert_eq!(
-        fs.write(fh, 0, &[1u8; 600]).unwrap_err().errno(),
+        fs.write(ME, fh, 0, &[1u8; 600]).unwrap_err().errno(),
         libc::ENOSPC
     );
     fs.release(fh).unwrap();

@@ -76,7 +76,7 @@ fn snapshot(fs: &Fs, dir: u64, prefix: &str, out: &mut Model) {
                 snapshot(fs, e.ino, &path, out);
             }
             Kind::File => {
-                let fh = fs.open(e.ino, OpenMode::default()).unwrap();
+                let fh = fs.open(ME, e.ino, OpenMode::default()).unwrap();
                 let size = fs.getattr(e.ino).unwrap().size;
                 let data = fs.read(fh, 0, u32::MAX).unwrap();
                 fs.release(fh).unwrap();
@@ -220,7 +220,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 let got = errno(
                     fs.create(ME, parent, name.as_bytes(), 0o644, 0, libc::O_WRONLY)
                         .map(|(_, fh)| {
-                            fs.write(fh, 0, &data).unwrap();
+                            fs.write(ME, fh, 0, &data).unwrap();
                             fs.release(fh).unwrap();
                         }),
                 );
@@ -240,6 +240,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 let ino = resolve(&fs, &p).unwrap();
                 let got = errno(
                     fs.open(
+                        ME,
                         ino,
                         OpenMode {
                             write: true,
@@ -247,7 +248,7 @@ fn run_sequence(seed: u64, steps: usize) {
                         },
                     )
                     .map(|fh| {
-                        fs.write(fh, off, &data).unwrap();
+                        fs.write(ME, fh, off, &data).unwrap();
                         fs.release(fh).unwrap();
                     }),
                 );
@@ -273,6 +274,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 desc = format!("truncate {p} to {size}");
                 let ino = resolve(&fs, &p).unwrap();
                 let got = errno(fs.setattr(
+                    ME,
                     ino,
                     SetAttr {
                         size: Some(size),
@@ -296,7 +298,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 desc = format!("unlink {p}");
                 let (dirp, name) = split(&p);
                 let parent = resolve(&fs, dirp).unwrap();
-                let got = errno(fs.unlink(parent, name.as_bytes()));
+                let got = errno(fs.unlink(ME, parent, name.as_bytes()));
                 let want = match m[&p] {
                     Node::Dir => Err(libc::EISDIR),
                     Node::File(_) => {
@@ -313,7 +315,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 desc = format!("rmdir {p}");
                 let (dirp, name) = split(&p);
                 let parent = resolve(&fs, dirp).unwrap();
-                let got = errno(fs.rmdir(parent, name.as_bytes()));
+                let got = errno(fs.rmdir(ME, parent, name.as_bytes()));
                 let want = match m[&p] {
                     Node::File(_) => Err(libc::ENOTDIR),
                     Node::Dir if children(&m, &p).next().is_some() => Err(libc::ENOTEMPTY),
@@ -339,7 +341,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 let sp = resolve(&fs, sd).unwrap();
                 let dp = resolve(&fs, dd);
                 let got = match dp {
-                    Some(dp) => errno(fs.rename(sp, sn.as_bytes(), dp, dn.as_bytes(), 0)),
+                    Some(dp) => errno(fs.rename(ME, sp, sn.as_bytes(), dp, dn.as_bytes(), 0)),
                     None => continue,
                 };
                 let want = model_rename(&mut m, &src, &dst);

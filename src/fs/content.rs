@@ -32,6 +32,8 @@ pub struct OpenFile {
     pub changed: bool,
     /// The name is gone; content lives until the last release.
     pub unlinked: bool,
+    /// Who changed the content last, for the history record of its commit.
+    pub last_writer: super::Caller,
 }
 
 impl OpenFile {
@@ -47,6 +49,7 @@ impl OpenFile {
             drop_from: None,
             changed: false,
             unlinked: false,
+            last_writer: super::Caller::default(),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{
-    self, DirEntry, Inode, Kind, ROOT_INO, Store, StoreError, Sync, WriteTxn, now_ns,
+    self, DirEntry, Inode, Kind, OpInfo, ROOT_INO, Store, StoreError, Sync, WriteTxn, now_ns,
 };
 use content::OpenFile;
 pub use error::{Error, Result};
@@ -176,6 +176,15 @@ impl Fs {
             for ino in &orphans {
                 w.delete_inode(*ino)?;
             }
+            fs.describe(
+                &mut w,
+                Caller::default(),
+                "reclaim",
+                0,
+                |_| Vec::new(),
+                0,
+                0,
+            );
             fs.commit(w, Sync::Durable)?;
             tracing::info!(
                 count = orphans.len(),
@@ -290,7 +299,62 @@ impl Fs {
         format!("<inode {ino}>")
     }
 
-    pub fn setattr(&self, ino: u64, a: SetAttr) -> Result<Inode> {
+    /// The path of `name` under `parent` from the mount root, as `w` sees it.
+    fn path_in(&self, w: &WriteTxn<'_>, parent: u64, name: &str) -> String {
+        let mut parts = vec![name.to_string()];
+        let mut cur = parent;
+        for _ in 0..=self.limits.max_depth + 1 {
+            if cur == ROOT_INO {
+                break;
+            }
+            match w.inode(cur) {
+                Ok(Some(i)) => {
+                    parts.push(i.name);
+                    cur = i.parent;
+                }
+                _ => break,
+            }
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
+    }
+
+    /// The path of inode `ino` as `w` sees it.
+    fn ino_path_in(&self, w: &WriteTxn<'_>, ino: u64) -> String {
+        match w.inode(ino) {
+            Ok(Some(i)) if ino != ROOT_INO => self.path_in(w, i.parent, &i.name),
+            _ => "/".to_string(),
+        }
+    }
+
+    /// Names the operation in `w` for its history record (only when history is on).
+    #[allow(clippy::too_many_arguments)]
+    fn describe(
+        &self,
+        w: &mut WriteTxn<'_>,
+        caller: Caller,
+        op: &'static str,
+        ino: u64,
+        paths: impl FnOnce(&WriteTxn<'_>) -> Vec<String>,
+        size_before: u64,
+        size_after: u64,
+    ) {
+        if self.store.history_on() {
+            let paths = paths(w);
+            w.describe(OpInfo {
+                op,
+                paths,
+                ino,
+                size_before,
+                size_after,
+                uid: caller.uid,
+                gid: caller.gid,
+                pid: caller.pid,
+            });
+        }
+    }
+
+    pub fn setattr(&self, caller: Caller, ino: u64, a: SetAttr) -> Result<Inode> {
         self.writable()?;
         let now = now_ns();
         if let Some(size) = a.size {
@@ -303,6 +367,7 @@ impl Fs {
             let f = self.acquire(ino)?;
             let res = {
                 let mut g = lock(&f);
+                g.last_writer = caller;
                 let r = g.truncate(&self.store, size, now);
                 // Through a handle (ftruncate, O_TRUNC) the change is buffered with the rest of
                 // that handle's writes; a truncate(2) of a file nobody has open commits now.
@@ -344,6 +409,16 @@ impl Fs {
             }
             inode.ctime = now;
             w.put_inode(&inode)?;
+            let size = inode.size;
+            self.describe(
+                &mut w,
+                caller,
+                "setattr",
+                ino,
+                |w| vec![self.ino_path_in(w, ino)],
+                size,
+                size,
+            );
             self.commit(w, Sync::Durable)?;
             if let Some(t) = a.mtime {
                 let f = lock(&self.files).get(&ino).cloned();
@@ -505,6 +580,15 @@ impl Fs {
         let mut w = self.store.write()?;
         let mut p = Self::parent_dir(&w, parent)?;
         let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::Dir, mode & !umask)?;
+        self.describe(
+            &mut w,
+            caller,
+            "mkdir",
+            inode.ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            0,
+            0,
+        );
         self.commit(w, Sync::Durable)?;
         Ok(inode)
     }
@@ -532,6 +616,15 @@ impl Fs {
         let mut w = self.store.write()?;
         let mut p = Self::parent_dir(&w, parent)?;
         let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::File, mode & !umask)?;
+        self.describe(
+            &mut w,
+            caller,
+            "create",
+            inode.ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            0,
+            0,
+        );
         self.commit(w, Sync::Deferred)?;
         Ok(inode)
     }
@@ -555,7 +648,7 @@ impl Fs {
         )?;
         let mut open_mode = OpenMode::from_flags(flags);
         open_mode.truncate = false;
-        let fh = self.open(inode.ino, open_mode)?;
+        let fh = self.open(caller, inode.ino, open_mode)?;
         Ok((inode, fh))
     }
 
@@ -618,6 +711,16 @@ impl Fs {
         }
         if let Some(ino) = reclaim {
             let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+                let size = w.inode(ino)?.map_or(0, |i| i.size);
+                self.describe(
+                    &mut w,
+                    Caller::default(),
+                    "reclaim",
+                    ino,
+                    |_| Vec::new(),
+                    size,
+                    0,
+                );
                 w.delete_inode(ino)?;
                 self.commit(w, Sync::Durable)
             });
@@ -634,19 +737,29 @@ impl Fs {
         }
         self.writable()?;
         let mut w = self.store.write()?;
+        self.describe(
+            &mut w,
+            g.last_writer,
+            "write",
+            g.ino,
+            |w| vec![self.ino_path_in(w, g.ino)],
+            g.committed_size,
+            g.size,
+        );
         g.stage(&mut w)?;
         self.commit(w, Sync::Durable)?;
         g.committed();
         Ok(())
     }
 
-    pub fn open(&self, ino: u64, mode: OpenMode) -> Result<u64> {
+    pub fn open(&self, caller: Caller, ino: u64, mode: OpenMode) -> Result<u64> {
         if mode.write || mode.truncate {
             self.writable()?;
         }
         let f = self.acquire(ino)?;
         if mode.truncate && mode.write {
             let mut g = lock(&f);
+            g.last_writer = caller;
             if g.size != 0
                 && let Err(e) = g.truncate(&self.store, 0, now_ns())
             {
@@ -671,6 +784,8 @@ impl Fs {
             return Ok(());
         }
         let mut w = self.store.write()?;
+        // Access times are not history: they would bury the changes that matter.
+        w.without_history();
         if let Some(mut i) = w.inode(ino)?.filter(stale) {
             i.atime = now;
             w.put_inode(&i)?;
@@ -692,7 +807,7 @@ impl Fs {
         g.read(&self.store, offset, len)
     }
 
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    pub fn write(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         self.writable()?;
         let (f, mode) = self.handle(fh)?;
         if !mode.write {
@@ -710,6 +825,7 @@ impl Fs {
             // Quota counts committed bytes; what this file has buffered beyond them counts too.
             self.check_quota(g.committed_size, end)?;
         }
+        g.last_writer = caller;
         g.write(&self.store, offset, data, now_ns())?;
         Ok(data.len() as u32)
     }
@@ -796,7 +912,7 @@ impl Fs {
         }
     }
 
-    pub fn unlink(&self, parent: u64, raw_name: &[u8]) -> Result<()> {
+    pub fn unlink(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
         let mut w = self.store.write()?;
@@ -805,6 +921,16 @@ impl Fs {
         if kind == Kind::Dir {
             return Err(Error::IsDir);
         }
+        let size = w.inode(ino)?.map_or(0, |i| i.size);
+        self.describe(
+            &mut w,
+            caller,
+            "unlink",
+            ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            size,
+            0,
+        );
         let removal = self.claim_removal(ino);
         let staged = (|| {
             w.remove_dirent(parent, name.as_str())?;
@@ -820,7 +946,7 @@ impl Fs {
         res
     }
 
-    pub fn rmdir(&self, parent: u64, raw_name: &[u8]) -> Result<()> {
+    pub fn rmdir(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
         let mut w = self.store.write()?;
@@ -832,6 +958,15 @@ impl Fs {
         if !w.list(ino, 1)?.is_empty() {
             return Err(Error::NotEmpty);
         }
+        self.describe(
+            &mut w,
+            caller,
+            "rmdir",
+            ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            0,
+            0,
+        );
         w.remove_dirent(parent, name.as_str())?;
         w.delete_inode(ino)?;
         let now = now_ns();
@@ -860,6 +995,7 @@ impl Fs {
 
     pub fn rename(
         &self,
+        caller: Caller,
         parent: u64,
         raw_name: &[u8],
         new_parent: u64,
@@ -880,6 +1016,22 @@ impl Fs {
         Self::parent_dir(&w, new_parent)?;
         let (src, src_kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
         let dst = w.lookup(new_parent, new_name.as_str())?;
+        let size = w.inode(src)?.map_or(0, |i| i.size);
+        let op = if exchange { "exchange" } else { "rename" };
+        self.describe(
+            &mut w,
+            caller,
+            op,
+            src,
+            |w| {
+                vec![
+                    self.path_in(w, parent, name.as_str()),
+                    self.path_in(w, new_parent, new_name.as_str()),
+                ]
+            },
+            size,
+            size,
+        );
         if exchange {
             let (dst, dst_kind) = dst.ok_or(Error::NotFound)?;
             return self.exchange(
