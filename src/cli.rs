@@ -73,6 +73,10 @@ enum Cmd {
         /// Name rules. Kept in the store.
         #[arg(long, value_enum)]
         names: Option<Names>,
+        /// How long history keeps replaced and deleted content, e.g. 30d; 0 turns history
+        /// off. Kept in the store [default for a new store: 30d].
+        #[arg(long, value_parser = parse_keep)]
+        keep_history: Option<u64>,
         /// (internal) report readiness on this descriptor
         #[arg(long, hide = true)]
         notify_fd: Option<i32>,
@@ -101,6 +105,9 @@ enum Cmd {
         /// A store file or a mountpoint.
         source: PathBuf,
         out: PathBuf,
+        /// The store as it was at a point of history: a seq, a mark, a date or `2h` (ago).
+        #[arg(long)]
+        at: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -194,6 +201,66 @@ enum Cmd {
     },
     /// Rewrite a store file (not mounted) to give free space back to the disk.
     Compact { store: PathBuf },
+    /// History records, newest first, for the store or one path (following renames).
+    Log {
+        store: PathBuf,
+        path: Option<String>,
+        /// Only records since then: a date, `2h` (ago), a seq or a mark.
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many records.
+        #[arg(short = 'n', long)]
+        limit: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a file as it was at a point of history (a seq, a mark, a date or `2h` ago).
+    Show {
+        store: PathBuf,
+        path: String,
+        #[arg(long)]
+        at: String,
+    },
+    /// A unified diff of a file between two points of history (`--to` defaults to now).
+    Diff {
+        store: PathBuf,
+        path: String,
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Label the current point of history.
+    Mark { store: PathBuf, name: String },
+    /// Bring one file or directory back to a point of history, in one new transaction.
+    Revert {
+        store: PathBuf,
+        path: String,
+        #[arg(long)]
+        to: String,
+    },
+    /// Bring the whole store back to a point of history, in one new transaction (undoable).
+    Rollback {
+        store: PathBuf,
+        #[arg(long)]
+        to: String,
+    },
+    /// Erase the content of past versions of a file (all, or the one seen at --at), keeping the
+    /// records that they existed. The bytes leave the store file at the next `compact`.
+    Redact {
+        store: PathBuf,
+        path: String,
+        #[arg(long)]
+        at: Option<String>,
+    },
+}
+
+/// Parses a retention such as `30d`, `12h` or `0` (off) into nanoseconds.
+fn parse_keep(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    tools::parse_duration(s).map(|ns| ns as u64)
 }
 
 /// Parses sizes such as `4096`, `64K`, `256M`, `10G`, `1T` (powers of 1024).
@@ -276,6 +343,7 @@ fn run(cli: Cli) -> Result<i32, String> {
             max_path_bytes,
             max_depth,
             names,
+            keep_history,
             notify_fd,
         } => {
             let daemon = foreground || notify_fd.is_some();
@@ -314,6 +382,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 },
                 argv,
                 notify_fd,
+                keep_history,
             };
             mount::mount(req)?;
             Ok(0)
@@ -408,7 +477,12 @@ fn run(cli: Cli) -> Result<i32, String> {
             }
             Ok(if findings.is_empty() { 0 } else { 1 })
         }
-        Cmd::Snapshot { source, out, json } => {
+        Cmd::Snapshot {
+            source,
+            out,
+            at,
+            json,
+        } => {
             let t = Target::resolve(&source)?;
             let to_stdout = out.as_os_str() == "-";
             let dest = if to_stdout {
@@ -418,7 +492,9 @@ fn run(cli: Cli) -> Result<i32, String> {
             } else {
                 mount::absolute(&out)?
             };
-            let v = if t.mountpoint.is_some() {
+            let v = if let Some(at) = &at {
+                t.change(json!({"op": "snapshot_at", "out": dest, "at": at}))?["snapshot"].clone()
+            } else if t.mountpoint.is_some() {
                 t.ask(json!({"op": "snapshot", "out": dest}))?["snapshot"].clone()
             } else {
                 let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
@@ -719,6 +795,72 @@ fn run(cli: Cli) -> Result<i32, String> {
             eprintln!("compacted {}: {before} -> {after} bytes", t.store.display());
             Ok(0)
         }
+        Cmd::Log {
+            store,
+            path,
+            since,
+            limit,
+            json,
+        } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "log", "path": path, "since": since, "limit": limit}))?;
+            if json {
+                println!("{}", v["records"]);
+                return Ok(0);
+            }
+            for r in v["records"].as_array().into_iter().flatten() {
+                let paths: Vec<&str> = r["paths"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+                println!(
+                    "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
+                    r["seq"],
+                    fmt_time(r["time"].as_i64().unwrap_or(0)),
+                    r["op"].as_str().unwrap_or(""),
+                    paths.join(" -> "),
+                    r["size_before"],
+                    r["size_after"],
+                    r["uid"],
+                    r["pid"],
+                    r["comm"].as_str().unwrap_or(""),
+                    if r["redacted"] == true { "  [redacted]" } else { "" }
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Show { store, path, at } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "show", "path": path, "at": at}))?;
+            std::io::stdout()
+                .write_all(&tools::content_of(&v))
+                .map_err(|e| e.to_string())?;
+            Ok(0)
+        }
+        Cmd::Diff { store, path, from, to } => {
+            let v = Target::resolve(&store)?.ask(json!({"op": "diff", "path": path, "from": from, "to": to}))?;
+            let d = v["diff"].as_str().unwrap_or("");
+            print!("{d}");
+            Ok(if d.is_empty() { 0 } else { 1 })
+        }
+        Cmd::Mark { store, name } => {
+            let v = Target::resolve(&store)?.change(json!({"op": "mark", "name": name}))?;
+            eprintln!("marked @{} as {name}", v["seq"]);
+            Ok(0)
+        }
+        Cmd::Revert { store, path, to } => {
+            let v = Target::resolve(&store)?.change(json!({"op": "revert", "path": path, "to": to}))?;
+            eprintln!("reverted {path} to @{}", v["to"]);
+            Ok(0)
+        }
+        Cmd::Rollback { store, to } => {
+            let v = Target::resolve(&store)?.change(json!({"op": "rollback", "to": to}))?;
+            eprintln!("rolled back to @{} ({} records undone)", v["to"], v["undone"]);
+            Ok(0)
+        }
+        Cmd::Redact { store, path, at } => {
+            let v = Target::resolve(&store)?.change(json!({"op": "redact", "path": path, "at": at}))?;
+            eprintln!(
+                "erased {} content chunks of past versions of {path}; run `redbfs compact` on the unmounted store to drop the bytes from the file",
+                v["erased_chunks"]
+            );
+            Ok(0)
+        }
     }
 }
 
@@ -771,6 +913,28 @@ impl Target {
         let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
         let r = s.read().map_err(|e| e.to_string())?;
         tools::query(&r, s.file_bytes(), &req)
+    }
+
+    /// A history change: through the daemon when mounted, on the file otherwise.
+    fn change(&self, mut req: serde_json::Value) -> Result<serde_json::Value, String> {
+        req["uid"] = json!(nix::unistd::getuid().as_raw());
+        req["gid"] = json!(nix::unistd::getgid().as_raw());
+        req["pid"] = json!(std::process::id());
+        if self.mountpoint.is_some() {
+            return control::Client::connect(&self.store)
+                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
+                .call(&req);
+        }
+        let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
+        let limits = s
+            .read()
+            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let fs = crate::fs::Fs::new(s, limits).map_err(|e| e.to_string())?;
+        tools::history_change(&fs, &req)
     }
 
     /// Runs `f` on a consistent view: a snapshot taken through the daemon when mounted.

@@ -111,6 +111,9 @@ impl Daemon {
             },
             Some("snapshot") => self.snapshot(req),
             Some("import") => self.import(req),
+            Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at") => {
+                reply(tools::history_change(&self.fs, req))
+            }
             Some(_) => self.query(req),
             None => json!({"ok": false, "error": "a request needs an \"op\""}),
         }

@@ -17,6 +17,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
 };
 
+use crate::fs::history::Invalidation;
 use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet};
 use crate::store::{Inode, Kind};
 
@@ -612,6 +613,18 @@ impl Filesystem for FuseFs {
     }
 }
 
+/// Sends the kernel the invalidations of changes made outside kernel requests (rollback,
+/// revert). A refusal (the kernel had nothing cached) is expected and ignored.
+fn forward_invalidations(fs: &Arc<Fs>, session: &Session<FuseFs>) {
+    let notifier = session.notifier();
+    fs.set_invalidator(Box::new(move |inv| {
+        let _ = match inv {
+            Invalidation::Entry { parent, name } => notifier.inval_entry(INodeNo(parent), OsStr::new(&name)),
+            Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(ino), 0, 0),
+        };
+    }));
+}
+
 /// Mount options shared by both ways of mounting.
 fn config(allow_other: bool, threads: usize) -> Config {
     let mut c = Config::default();
@@ -635,7 +648,8 @@ pub fn serve_fd(
 ) -> std::io::Result<()> {
     let c = config(allow_other, threads);
     let acl = c.acl;
-    let session = Session::from_fd(FuseFs::new(fs), fd, acl, c)?;
+    let session = Session::from_fd(FuseFs::new(fs.clone()), fd, acl, c)?;
+    forward_invalidations(&fs, &session);
     on_ready();
     session.run()
 }
@@ -657,7 +671,8 @@ pub fn mount_and_serve(
         MountOption::NoSuid,
         MountOption::NoDev,
     ];
-    let session = Session::new(FuseFs::new(fs), mountpoint, &c)?;
+    let session = Session::new(FuseFs::new(fs.clone()), mountpoint, &c)?;
+    forward_invalidations(&fs, &session);
     on_ready();
     session.run()
 }

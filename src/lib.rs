@@ -6,6 +6,7 @@
 pub mod check;
 pub mod cli;
 pub mod control;
+pub mod diff;
 pub mod fs;
 pub mod fuse;
 pub mod mount;

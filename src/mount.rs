@@ -35,7 +35,12 @@ pub struct MountRequest {
     pub argv: Vec<String>,
     /// Set in the background daemon: where to report readiness.
     pub notify_fd: Option<i32>,
+    /// History retention in ns (0 = off); `None` keeps what the store recorded.
+    pub keep_history: Option<u64>,
 }
+
+/// History retention of a new store: 30 days.
+pub const DEFAULT_KEEP_HISTORY_NS: u64 = 30 * 86_400 * 1_000_000_000;
 
 #[derive(Clone, Debug, Default)]
 pub struct LimitOverrides {
@@ -397,6 +402,15 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
     let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
     prepare_mountpoint(&mp)?;
     let (store, limits) = open_store(&store_path, &req.limits)?;
+    let recorded = store
+        .read()
+        .and_then(|r| r.meta_u64("keep_history"))
+        .map_err(|e| e.to_string())?;
+    match (req.keep_history, recorded) {
+        (Some(k), _) => store.set_keep_history(k).map_err(|e| e.to_string())?,
+        (None, None) => store.set_keep_history(DEFAULT_KEEP_HISTORY_NS).map_err(|e| e.to_string())?,
+        (None, Some(_)) => {}
+    }
     let fs = Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?);
 
     // Signals are taken by one thread; every thread started after this inherits the mask.

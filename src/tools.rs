@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use crate::fs::{Limits, Name};
 use crate::store::{
-    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, WriteTxn, now_ns,
+    CHUNK_SIZE, CopyStats, HistoryRecord, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, WriteTxn,
+    now_ns,
 };
 
 type Result<T> = std::result::Result<T, String>;
@@ -830,16 +831,7 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
     let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
     let v = match req.get("op").and_then(Value::as_str).unwrap_or("") {
         "ls" => json!({"entries": ls(r, path)?}),
-        "cat" => {
-            let data = cat(r, path)?;
-            match String::from_utf8(data) {
-                Ok(s) => json!({"content": s}),
-                Err(e) => {
-                    let hex: String = e.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
-                    json!({"content_hex": hex})
-                }
-            }
-        }
+        "cat" => content_json(cat(r, path)?),
         "tree" => {
             let t: Vec<Value> = tree(r, path)?
                 .into_iter()
@@ -850,6 +842,28 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
         "du" => json!({"du": du(r, path)?}),
         "stats" => json!({"stats": stats(r, store_bytes)?}),
         "check" => json!({"findings": crate::check::invariants(r).map_err(err)?}),
+        "log" => {
+            let since = match req.get("since").and_then(Value::as_str) {
+                Some(spec) => Some(point_time(r, spec)?),
+                None => None,
+            };
+            let limit = req.get("limit").and_then(Value::as_u64).unwrap_or(u64::MAX) as usize;
+            let recs = log(r, req.get("path").and_then(Value::as_str), since, limit)?;
+            json!({"records": recs, "last_seq": r.last_seq().map_err(err)?})
+        }
+        "show" => {
+            let seq = resolve_point(r, req.get("at").and_then(Value::as_str).ok_or("show needs \"at\"")?)?;
+            content_json(show_at(r, path, seq)?)
+        }
+        "diff" => {
+            let from = resolve_point(r, req.get("from").and_then(Value::as_str).ok_or("diff needs \"from\"")?)?;
+            let to = match req.get("to").and_then(Value::as_str) {
+                Some(spec) => Some(resolve_point(r, spec)?),
+                None => None,
+            };
+            json!({"diff": diff(r, path, from, to)?})
+        }
+        "marks" => json!({"marks": r.marks().map_err(err)?}),
         "unused" => {
             let cutoff = req
                 .get("cutoff_ns")
@@ -858,6 +872,78 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
             json!({"files": unused_since(r, path, cutoff)?})
         }
         other => return Err(format!("unknown query {other:?}")),
+    };
+    Ok(v)
+}
+
+/// Content as JSON: a string when it is UTF-8, hex otherwise.
+fn content_json(data: Vec<u8>) -> serde_json::Value {
+    match String::from_utf8(data) {
+        Ok(s) => serde_json::json!({"content": s}),
+        Err(e) => {
+            let hex: String = e.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+            serde_json::json!({"content_hex": hex})
+        }
+    }
+}
+
+/// The time of a point given as a time, or of the record a seq or mark names.
+fn point_time(r: &ReadTxn, spec: &str) -> Result<i64> {
+    if let Ok(ago) = parse_duration(spec)
+        && spec.ends_with(|c: char| c.is_ascii_alphabetic())
+    {
+        return Ok(now_ns() - ago);
+    }
+    if let Ok(t) = parse_date(spec) {
+        return Ok(t);
+    }
+    let seq = resolve_point(r, spec)?;
+    Ok(r.history(seq..=seq).map_err(err)?.first().map_or(0, |rec| rec.time))
+}
+
+/// Runs a history request that changes the store (`mark`, `rollback`, `revert`, `redact`,
+/// `snapshot_at`) on `fs`: the daemon's for a mounted store, a fresh one otherwise.
+pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<serde_json::Value> {
+    use serde_json::{Value, json};
+    let caller = crate::fs::Caller {
+        uid: req.get("uid").and_then(Value::as_u64).unwrap_or(0) as u32,
+        gid: req.get("gid").and_then(Value::as_u64).unwrap_or(0) as u32,
+        pid: req.get("pid").and_then(Value::as_u64).unwrap_or(0) as u32,
+    };
+    let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
+    let point = |key: &str| -> Result<u64> {
+        let spec = req.get(key).and_then(Value::as_str).ok_or_else(|| format!("needs \"{key}\""))?;
+        resolve_point(&fs.store().read().map_err(err)?, spec)
+    };
+    let v = match req.get("op").and_then(Value::as_str).unwrap_or("") {
+        "mark" => {
+            let name = req.get("name").and_then(Value::as_str).ok_or("mark needs \"name\"")?;
+            json!({"seq": fs.mark(name).map_err(err)?})
+        }
+        "rollback" => {
+            let seq = point("to")?;
+            json!({"to": seq, "undone": fs.rollback(caller, seq).map_err(err)?})
+        }
+        "revert" => {
+            let seq = point("to")?;
+            fs.revert(caller, path, seq).map_err(err)?;
+            json!({"to": seq})
+        }
+        "redact" => {
+            let at = match req.get("at").and_then(Value::as_str) {
+                Some(_) => Some(point("at")?),
+                None => None,
+            };
+            json!({"erased_chunks": fs.redact(path, at).map_err(err)?})
+        }
+        "snapshot_at" => {
+            let seq = point("at")?;
+            let out = req.get("out").and_then(Value::as_str).ok_or("needs \"out\"")?;
+            let r = fs.store().read().map_err(err)?;
+            let info = at_point(&r, seq, |t| snapshot(t, Path::new(out)))?;
+            json!({"snapshot": info, "at": seq})
+        }
+        other => return Err(format!("unknown history request {other:?}")),
     };
     Ok(v)
 }
@@ -896,4 +982,159 @@ mod tests {
         );
         assert!(parse_date("2026-13-01").is_err());
     }
+}
+
+// ---- history ----
+
+/// Resolves a point in history: a seq number (`42` or `@42`), a mark name, or a time
+/// (`2026-01-31`, `2026-01-31T08:00:00Z`, or `30m` / `2h` / `1d` ago). The point is the state
+/// after that record committed; 0 is the empty store before any record.
+pub fn resolve_point(r: &ReadTxn, spec: &str) -> Result<u64> {
+    let spec = spec.trim();
+    let digits = spec.trim_start_matches('@');
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        let seq: u64 = digits.parse().map_err(err)?;
+        let last = r.last_seq().map_err(err)?;
+        if seq > last {
+            return Err(format!(
+                "history has no record {seq} yet (the newest is {last})"
+            ));
+        }
+        return Ok(seq);
+    }
+    if let Some(seq) = r
+        .mark(spec.strip_prefix("mark:").unwrap_or(spec))
+        .map_err(err)?
+    {
+        return Ok(seq);
+    }
+    let at = match parse_duration(spec) {
+        Ok(ago) if spec.ends_with(|c: char| c.is_ascii_alphabetic()) => now_ns() - ago,
+        _ => parse_date(spec).map_err(|_| {
+            format!(
+                "{spec:?} is neither a history seq, a mark, a date nor a duration ago (30m, 2h, 1d)"
+            )
+        })?,
+    };
+    // The newest record at or before that time.
+    for rec in r.history(0..=u64::MAX).map_err(err)? {
+        if rec.time <= at {
+            return Ok(rec.seq);
+        }
+    }
+    Ok(0)
+}
+
+/// Runs `f` on the store as it was at `seq`, from a scratch copy in a temporary directory.
+pub fn at_point<T>(r: &ReadTxn, seq: u64, f: impl FnOnce(&ReadTxn) -> Result<T>) -> Result<T> {
+    let dir = tempfile::Builder::new()
+        .prefix("redbfs-at-")
+        .tempdir()
+        .map_err(err)?;
+    let path = dir.path().join("at.redb");
+    r.materialize_at(seq, &path).map_err(err)?;
+    let s = Store::open_existing(&path).map_err(err)?;
+    let r = s.read().map_err(err)?;
+    f(&r)
+}
+
+/// `log`: history records, newest first, for the whole store or for `path` (following it
+/// back through renames of it or of a directory above it), no older than `since_ns`.
+pub fn log(
+    r: &ReadTxn,
+    path: Option<&str>,
+    since_ns: Option<i64>,
+    limit: usize,
+) -> Result<Vec<HistoryRecord>> {
+    let mut tracked = path.map(|p| {
+        let p = format!("/{}", p.trim_matches('/'));
+        if p == "/" {
+            p
+        } else {
+            p.trim_end_matches('/').to_string()
+        }
+    });
+    let mut out = Vec::new();
+    let within =
+        |p: &str, base: &str| base == "/" || p == base || p.starts_with(&format!("{base}/"));
+    for rec in r.history(0..=u64::MAX).map_err(err)? {
+        if since_ns.is_some_and(|s| rec.time < s) || out.len() >= limit {
+            break;
+        }
+        let keep = match &tracked {
+            None => true,
+            Some(t) => rec.paths.iter().any(|p| within(p, t) || within(t, p)),
+        };
+        if let (Some(t), true) = (&mut tracked, rec.op == "rename" || rec.op == "exchange")
+            && let [from, to] = rec.paths.as_slice()
+            && within(t, to)
+        {
+            // Older records knew the tracked path under its name before the rename.
+            *t = format!("{from}{}", &t[to.len()..]);
+        }
+        if keep {
+            out.push(rec);
+        }
+    }
+    Ok(out)
+}
+
+/// `show`: a file's content at a point.
+pub fn show_at(r: &ReadTxn, path: &str, seq: u64) -> Result<Vec<u8>> {
+    at_point(r, seq, |r| {
+        let (inode, canon) = lookup_path(r, path).map_err(|e| format!("at {seq}: {e}"))?;
+        if inode.kind != Kind::File {
+            return Err(format!("{canon}: is a directory"));
+        }
+        if r.content_redacted(inode.ino).map_err(err)? {
+            return Err(format!(
+                "{canon} at {seq}: this version's content was redacted"
+            ));
+        }
+        read_content(r, &inode)
+    })
+}
+
+/// A file's text at a point, or None where it did not exist.
+fn text_at(r: &ReadTxn, path: &str, seq: Option<u64>) -> Result<Option<String>> {
+    let get = |r: &ReadTxn| -> Result<Option<String>> {
+        match lookup_path(r, path) {
+            Ok((inode, _)) if inode.kind == Kind::File => Ok(Some(
+                String::from_utf8_lossy(&read_content(r, &inode)?).into_owned(),
+            )),
+            Ok((_, canon)) => Err(format!("{canon}: is a directory")),
+            Err(_) => Ok(None),
+        }
+    };
+    match seq {
+        Some(s) => at_point(r, s, get),
+        None => get(r),
+    }
+}
+
+/// `diff`: a unified diff of a file between two points (`to` None: now).
+pub fn diff(r: &ReadTxn, path: &str, from: u64, to: Option<u64>) -> Result<String> {
+    let a = text_at(r, path, Some(from))?;
+    let b = text_at(r, path, to)?;
+    let label = |s: Option<u64>| s.map_or("now".to_string(), |s| format!("@{s}"));
+    Ok(crate::diff::unified(
+        a.as_deref().unwrap_or(""),
+        b.as_deref().unwrap_or(""),
+        &format!(
+            "{path} ({})",
+            if a.is_some() {
+                label(Some(from))
+            } else {
+                "absent".into()
+            }
+        ),
+        &format!(
+            "{path} ({})",
+            if b.is_some() {
+                label(to)
+            } else {
+                "absent".into()
+            }
+        ),
+    ))
 }

@@ -45,6 +45,8 @@ pub enum Error {
     TooManyFiles {
         limit: u64,
     },
+    /// A history request that cannot be met (history off, expired, no such point).
+    History(String),
     /// A previous commit failed; writes are refused until restart.
     Poisoned,
     Store(StoreError),
@@ -71,6 +73,7 @@ impl Error {
             Error::QuotaExceeded { .. } => libc::ENOSPC,
             // No inodes left, as df -i would show.
             Error::TooManyFiles { .. } => libc::ENOSPC,
+            Error::History(_) => libc::EINVAL,
             Error::Poisoned => libc::EIO,
             Error::Store(StoreError::Full) => libc::ENOSPC,
             Error::Store(_) => libc::EIO,
@@ -122,6 +125,7 @@ impl fmt::Display for Error {
                 write!(f, "store would exceed --quota of {limit} content bytes")
             }
             Error::TooManyFiles { limit } => write!(f, "store would exceed --max-files {limit}"),
+            Error::History(m) => write!(f, "{m}"),
             Error::Poisoned => write!(
                 f,
                 "an earlier commit failed; the store refuses writes until the daemon restarts"

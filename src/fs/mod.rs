@@ -12,6 +12,7 @@
 
 pub mod content;
 pub mod error;
+pub mod history;
 pub mod name;
 
 use std::collections::HashMap;
@@ -156,6 +157,7 @@ pub struct Fs {
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
     poisoned: AtomicBool,
+    invalidator: Mutex<Option<Arc<dyn Fn(history::Invalidation) + Send + std::marker::Sync>>>,
 }
 
 impl Fs {
@@ -169,6 +171,7 @@ impl Fs {
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             poisoned: AtomicBool::new(false),
+            invalidator: Mutex::new(None),
         };
         let mut w = fs.store.write()?;
         let orphans = w.orphans()?;

@@ -549,6 +549,50 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// Fails unless every record after `seq` is still kept (older ones expire).
+    pub fn check_reachable(&self, seq: u64) -> Result<(), StoreError> {
+        let last = self.last_seq()?;
+        if seq >= last {
+            return Ok(());
+        }
+        match self.first_seq()? {
+            Some(first) if first <= seq + 1 => Ok(()),
+            Some(first) => Err(StoreError::Io(format!(
+                "history before record {first} has expired (--keep-history); the oldest point is {}",
+                first - 1
+            ))),
+            None => Err(StoreError::Io(
+                "no history is kept (history off, or expired)".to_string(),
+            )),
+        }
+    }
+
+    /// Writes the store as it was at history point `seq` into a new store file at `out`: a
+    /// copy of this snapshot with the records after `seq` undone and dropped.
+    pub fn materialize_at(&self, seq: u64, out: &Path) -> Result<(), StoreError> {
+        self.check_reachable(seq)?;
+        self.copy_to(out, &mut |_| {})?;
+        let s = Store::open_existing(out)?;
+        let mut w = s.write()?;
+        w.without_history();
+        for rec in w.history_after(seq)? {
+            w.apply_undo(&rec.undo)?;
+        }
+        w.truncate_history_after(seq)?;
+        w.commit(Sync::Durable)
+    }
+
+    /// (chunk index, blob id) of `ino`'s content.
+    pub fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut v = Vec::new();
+        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+            let (k, b) = item.map_err(map_err)?;
+            v.push((k.value().1, b.value()));
+        }
+        Ok(v)
+    }
+
     /// When the last transaction committed, ns since the epoch.
     pub fn last_commit(&self) -> Result<Option<i64>, StoreError> {
         Ok(self.meta_u64(META_LAST_COMMIT)?.map(|v| v as i64))
@@ -1139,6 +1183,34 @@ impl WriteTxn<'_> {
             .insert(blob, ())
             .map_err(map_err)?;
         Ok(true)
+    }
+
+    /// Whether blob `blob` exists.
+    pub fn blob_exists(&self, blob: u64) -> Result<bool, StoreError> {
+        Ok(self
+            .tx
+            .open_table(BLOBS)
+            .map_err(map_err)?
+            .get(blob)
+            .map_err(map_err)?
+            .is_some())
+    }
+
+    /// Directory entries and inodes this transaction has changed so far (history on only).
+    pub fn touched(&self) -> (Vec<(u64, String)>, Vec<u64>) {
+        let mut dirents = Vec::new();
+        let mut inodes = Vec::new();
+        for u in self.capture.iter().flat_map(|c| &c.undo) {
+            match u {
+                Undo::Dirent { parent, name, .. } => dirents.push((*parent, name.clone())),
+                Undo::Inode { ino, .. } => inodes.push(*ino),
+                Undo::Filemap { ino, .. } => inodes.push(*ino),
+                Undo::Orphan { .. } => {}
+            }
+        }
+        inodes.sort_unstable();
+        inodes.dedup();
+        (dirents, inodes)
     }
 
     /// The blob ids of `ino`'s current content.

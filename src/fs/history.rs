@@ -1,0 +1,286 @@
+//! Changing the store from its history: rollback of the whole store, revert of one path,
+//! marks and redaction. Rollback and revert are each one new transaction, recorded like any
+//! other operation, so they can be undone in turn. On a mounted store they run in the daemon:
+//! buffered content is committed first, open files pick up what changed, and the kernel is
+//! told to drop what it cached of every entry and inode they touched.
+
+use std::sync::Arc;
+
+use super::{Caller, Error, Fs, Result, lock};
+use crate::store::{Kind, ROOT_INO, ReadTxn, Sync, WriteTxn};
+
+/// What the kernel must forget after a change made outside a kernel request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalidation {
+    Entry { parent: u64, name: String },
+    Inode(u64),
+}
+
+/// Receives invalidations (the FUSE layer forwards them to the kernel).
+pub type Invalidator = Box<dyn Fn(Invalidation) + Send + std::marker::Sync>;
+
+fn invalid(msg: String) -> Error {
+    Error::History(msg)
+}
+
+impl Fs {
+    /// Where changes that bypass the kernel are reported.
+    pub fn set_invalidator(&self, f: Invalidator) {
+        *lock(&self.invalidator) = Some(Arc::from(f));
+    }
+
+    fn require_history(&self) -> Result<()> {
+        if self.store().history_on() {
+            Ok(())
+        } else {
+            Err(invalid("history is off for this store (mounted with --keep-history 0)".into()))
+        }
+    }
+
+    /// After a commit that bypassed the kernel: open files reload what changed, and the
+    /// kernel forgets the touched entries and inodes.
+    fn after_out_of_band(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
+        let r = self.store().read();
+        for ino in &inodes {
+            let f = lock(&self.files).get(ino).cloned();
+            if let Some(f) = f {
+                let mut g = lock(&f);
+                match r.as_ref().ok().and_then(|r| r.inode(*ino).ok().flatten()) {
+                    Some(i) => {
+                        g.committed();
+                        g.size = i.size;
+                        g.committed_size = i.size;
+                    }
+                    None => g.unlinked = true,
+                }
+            }
+        }
+        let inval = lock(&self.invalidator).clone();
+        if let Some(inval) = inval {
+            for (parent, name) in dirents {
+                inval(Invalidation::Entry { parent, name });
+            }
+            for ino in inodes {
+                inval(Invalidation::Inode(ino));
+            }
+        }
+    }
+
+    /// Commits `w` durably and tells open files and the kernel what it changed.
+    fn commit_out_of_band(&self, w: WriteTxn<'_>) -> Result<()> {
+        let (dirents, inodes) = w.touched();
+        self.commit(w, Sync::Durable)?;
+        self.after_out_of_band(dirents, inodes);
+        Ok(())
+    }
+
+    /// Brings the whole store back to history point `seq`, in one new transaction. Returns
+    /// how many records it undid.
+    pub fn rollback(&self, caller: Caller, seq: u64) -> Result<usize> {
+        self.writable()?;
+        self.require_history()?;
+        self.flush_all();
+        self.store()
+            .read()?
+            .check_reachable(seq)
+            .map_err(|e| invalid(e.to_string()))?;
+        let mut w = self.store().write()?;
+        let records = w.history_after(seq)?;
+        for rec in &records {
+            w.apply_undo(&rec.undo)?;
+        }
+        self.describe(&mut w, caller, "rollback", 0, |_| vec![format!("@{seq}")], 0, 0);
+        self.commit_out_of_band(w)?;
+        Ok(records.len())
+    }
+
+    /// Brings one file or directory tree back to its state at history point `seq`, in one
+    /// new transaction: what is there now is removed, what was there then comes back (with
+    /// its content blobs shared, not copied).
+    pub fn revert(&self, caller: Caller, path: &str, seq: u64) -> Result<()> {
+        self.writable()?;
+        self.require_history()?;
+        self.flush_all();
+        let parts: Vec<String> = path
+            .split('/')
+            .filter(|p| !p.is_empty())
+            .map(|p| self.parse_name(p.as_bytes()).map(|n| n.as_str().to_string()))
+            .collect::<Result<_>>()?;
+        let Some((name, parents)) = parts.split_last() else {
+            return Err(invalid("revert of / is a rollback: use `redbfs rollback`".into()));
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-revert-")
+            .tempdir()
+            .map_err(|e| invalid(e.to_string()))?;
+        let then_path = dir.path().join("then.redb");
+        self.store()
+            .read()?
+            .materialize_at(seq, &then_path)
+            .map_err(|e| invalid(e.to_string()))?;
+        let then_store = crate::store::Store::open_existing(&then_path)?;
+        let then = then_store.read()?;
+        let walk = |get: &dyn Fn(u64, &str) -> Result<Option<u64>>| -> Result<Option<u64>> {
+            let mut cur = ROOT_INO;
+            for p in parents {
+                match get(cur, p)? {
+                    Some(i) => cur = i,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(cur))
+        };
+        let then_parent = walk(&|d, n| Ok(then.lookup(d, n)?.map(|x| x.0)))?;
+        let then_ino = match then_parent {
+            Some(p) => then.lookup(p, name)?.map(|x| x.0),
+            None => None,
+        };
+
+        let mut w = self.store().write()?;
+        let parent = walk(&|d, n| Ok(w.lookup(d, n)?.filter(|x| x.1 == Kind::Dir).map(|x| x.0)))?
+            .ok_or_else(|| invalid(format!("{path}: its directory does not exist now; revert the directory")))?;
+        let mut removals = Vec::new();
+        if let Some((now_ino, kind)) = w.lookup(parent, name)? {
+            self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
+        }
+        if let Some(ino) = then_ino {
+            self.restore_tree(&mut w, &then, ino, parent, name)?;
+        }
+        let now = crate::store::now_ns();
+        let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+        p.mtime = now;
+        p.ctime = now;
+        w.put_inode(&p)?;
+        self.describe(&mut w, caller, "revert", then_ino.unwrap_or(0), |_| vec![format!("/{}", parts.join("/")), format!("@{seq}")], 0, 0);
+        let res = self.commit_out_of_band(w);
+        for r in removals {
+            self.finish_removal(r, res.is_ok());
+        }
+        res
+    }
+
+    /// Removes the tree at `name` under `parent` in `w` (open files become orphans).
+    fn remove_tree(
+        &self,
+        w: &mut WriteTxn<'_>,
+        parent: u64,
+        name: &str,
+        ino: u64,
+        kind: Kind,
+        removals: &mut Vec<super::Removal>,
+    ) -> Result<()> {
+        if kind == Kind::Dir {
+            for e in w.list(ino, usize::MAX)? {
+                self.remove_tree(w, ino, &e.name, e.ino, e.kind, removals)?;
+            }
+            w.delete_inode(ino)?;
+            let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+            p.nlink -= 1;
+            w.put_inode(&p)?;
+        } else {
+            let r = self.claim_removal(ino);
+            Self::stage_removal(w, ino, &r)?;
+            removals.push(r);
+        }
+        w.remove_dirent(parent, name)?;
+        Ok(())
+    }
+
+    /// Recreates, under `parent` as `name`, the tree that inode `ino` heads in `then`.
+    fn restore_tree(&self, w: &mut WriteTxn<'_>, then: &ReadTxn, ino: u64, parent: u64, name: &str) -> Result<()> {
+        let mut inode = then.inode(ino)?.ok_or(Error::NotFound)?;
+        // Keep the inode number where it is free; a file now living elsewhere keeps its own.
+        inode.ino = if w.inode(ino)?.is_none() { ino } else { w.alloc_ino()? };
+        inode.parent = parent;
+        inode.name = name.to_string();
+        inode.ctime = crate::store::now_ns();
+        if inode.kind == Kind::Dir {
+            inode.nlink = 2;
+        }
+        w.put_inode(&inode)?;
+        w.put_dirent(parent, name, inode.ino, inode.kind)?;
+        if inode.kind == Kind::Dir {
+            let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+            p.nlink += 1;
+            w.put_inode(&p)?;
+            for e in then.list(ino)? {
+                self.restore_tree(w, then, e.ino, inode.ino, &e.name)?;
+            }
+        } else {
+            for (idx, blob) in then.filemap_of(ino)? {
+                if !w.blob_exists(blob)? {
+                    return Err(invalid(format!("{name}: the content at that point has expired")));
+                }
+                w.set_filemap(inode.ino, idx, Some(blob))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Labels the current point of history.
+    pub fn mark(&self, name: &str) -> Result<u64> {
+        self.writable()?;
+        self.require_history()?;
+        self.flush_all();
+        if name.is_empty() || name.bytes().all(|b| b.is_ascii_digit()) || name.starts_with('@') {
+            return Err(invalid(format!("{name:?}: a mark needs a name that is not a number")));
+        }
+        let seq = self.store().read()?.last_seq()?;
+        let mut w = self.store().write()?;
+        w.without_history();
+        w.set_mark(name, seq)?;
+        self.commit(w, Sync::Durable)?;
+        Ok(seq)
+    }
+
+    /// Erases the content of past versions of `path` (all of them, or only the version seen
+    /// at `at`), keeping the records that they existed; the current content stays. Returns the
+    /// number of content chunks erased. The bytes leave the file at the next `compact`.
+    pub fn redact(&self, path: &str, at: Option<u64>) -> Result<usize> {
+        self.writable()?;
+        self.flush_all();
+        let r = self.store().read()?;
+        let records = crate::tools::log(&r, Some(path), None, usize::MAX).map_err(invalid)?;
+        let mut blobs: Vec<u64> = match at {
+            Some(seq) => crate::tools::at_point(&r, seq, |t| {
+                let (inode, _) = crate::tools::lookup_path(t, path)?;
+                Ok(t.filemap_of(inode.ino).map_err(|e| e.to_string())?.into_iter().map(|(_, b)| b).collect())
+            })
+            .map_err(invalid)?,
+            None => records
+                .iter()
+                .flat_map(|rec| &rec.undo)
+                .filter_map(|u| match u {
+                    crate::store::Undo::Filemap { old: Some(b), .. } => Some(*b),
+                    _ => None,
+                })
+                .collect(),
+        };
+        // The current content is not history.
+        if let Ok((now, _)) = crate::tools::lookup_path(&r, path) {
+            let current: std::collections::HashSet<u64> = r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
+            blobs.retain(|b| !current.contains(b));
+        }
+        blobs.sort_unstable();
+        blobs.dedup();
+        drop(r);
+        let mut w = self.store().write()?;
+        // Redaction is not undoable: that is its point.
+        w.without_history();
+        let mut erased = 0;
+        for b in &blobs {
+            if w.redact_blob(*b)? {
+                erased += 1;
+            }
+        }
+        for mut rec in records {
+            let touches = rec.undo.iter().any(|u| matches!(u, crate::store::Undo::Filemap { old: Some(b), .. } if blobs.contains(b)));
+            if touches && !rec.redacted {
+                rec.redacted = true;
+                w.put_record(&rec)?;
+            }
+        }
+        self.commit(w, Sync::Durable)?;
+        Ok(erased)
+    }
+}
