@@ -802,13 +802,19 @@ fn run(cli: Cli) -> Result<i32, String> {
             limit,
             json,
         } => {
-            let v = Target::resolve(&store)?.ask(json!({"op": "log", "path": path, "since": since, "limit": limit}))?;
+            let v = Target::resolve(&store)?
+                .ask(json!({"op": "log", "path": path, "since": since, "limit": limit}))?;
             if json {
                 println!("{}", v["records"]);
                 return Ok(0);
             }
             for r in v["records"].as_array().into_iter().flatten() {
-                let paths: Vec<&str> = r["paths"].as_array().into_iter().flatten().filter_map(|p| p.as_str()).collect();
+                let paths: Vec<&str> = r["paths"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.as_str())
+                    .collect();
                 println!(
                     "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
                     r["seq"],
@@ -820,7 +826,11 @@ fn run(cli: Cli) -> Result<i32, String> {
                     r["uid"],
                     r["pid"],
                     r["comm"].as_str().unwrap_or(""),
-                    if r["redacted"] == true { "  [redacted]" } else { "" }
+                    if r["redacted"] == true {
+                        "  [redacted]"
+                    } else {
+                        ""
+                    }
                 );
             }
             Ok(0)
@@ -832,8 +842,14 @@ fn run(cli: Cli) -> Result<i32, String> {
                 .map_err(|e| e.to_string())?;
             Ok(0)
         }
-        Cmd::Diff { store, path, from, to } => {
-            let v = Target::resolve(&store)?.ask(json!({"op": "diff", "path": path, "from": from, "to": to}))?;
+        Cmd::Diff {
+            store,
+            path,
+            from,
+            to,
+        } => {
+            let v = Target::resolve(&store)?
+                .ask(json!({"op": "diff", "path": path, "from": from, "to": to}))?;
             let d = v["diff"].as_str().unwrap_or("");
             print!("{d}");
             Ok(if d.is_empty() { 0 } else { 1 })
@@ -844,17 +860,22 @@ fn run(cli: Cli) -> Result<i32, String> {
             Ok(0)
         }
         Cmd::Revert { store, path, to } => {
-            let v = Target::resolve(&store)?.change(json!({"op": "revert", "path": path, "to": to}))?;
+            let v =
+                Target::resolve(&store)?.change(json!({"op": "revert", "path": path, "to": to}))?;
             eprintln!("reverted {path} to @{}", v["to"]);
             Ok(0)
         }
         Cmd::Rollback { store, to } => {
             let v = Target::resolve(&store)?.change(json!({"op": "rollback", "to": to}))?;
-            eprintln!("rolled back to @{} ({} records undone)", v["to"], v["undone"]);
+            eprintln!(
+                "rolled back to @{} ({} records undone)",
+                v["to"], v["undone"]
+            );
             Ok(0)
         }
         Cmd::Redact { store, path, at } => {
-            let v = Target::resolve(&store)?.change(json!({"op": "redact", "path": path, "at": at}))?;
+            let v =
+                Target::resolve(&store)?.change(json!({"op": "redact", "path": path, "at": at}))?;
             eprintln!(
                 "erased {} content chunks of past versions of {path}; run `redbfs compact` on the unmounted store to drop the bytes from the file",
                 v["erased_chunks"]

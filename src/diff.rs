@@ -28,12 +28,12 @@ pub fn unified(a: &str, b: &str, a_label: &str, b_label: &str) -> String {
             ops.push((' ', i, j, x[i]));
             i += 1;
             j += 1;
-        } else if j < m && (i == n || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            ops.push(('+', i, j, y[j]));
-            j += 1;
-        } else {
+        } else if i < n && (j == m || lcs[i + 1][j] >= lcs[i][j + 1]) {
             ops.push(('-', i, j, x[i]));
             i += 1;
+        } else {
+            ops.push(('+', i, j, y[j]));
+            j += 1;
         }
     }
     const CONTEXT: usize = 3;

@@ -619,7 +619,9 @@ fn forward_invalidations(fs: &Arc<Fs>, session: &Session<FuseFs>) {
     let notifier = session.notifier();
     fs.set_invalidator(Box::new(move |inv| {
         let _ = match inv {
-            Invalidation::Entry { parent, name } => notifier.inval_entry(INodeNo(parent), OsStr::new(&name)),
+            Invalidation::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(parent), OsStr::new(&name))
+            }
             Invalidation::Inode(ino) => notifier.inval_inode(INodeNo(ino), 0, 0),
         };
     }));

@@ -408,7 +408,9 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     match (req.keep_history, recorded) {
         (Some(k), _) => store.set_keep_history(k).map_err(|e| e.to_string())?,
-        (None, None) => store.set_keep_history(DEFAULT_KEEP_HISTORY_NS).map_err(|e| e.to_string())?,
+        (None, None) => store
+            .set_keep_history(DEFAULT_KEEP_HISTORY_NS)
+            .map_err(|e| e.to_string())?,
         (None, Some(_)) => {}
     }
     let fs = Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?);

@@ -852,11 +852,21 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
             json!({"records": recs, "last_seq": r.last_seq().map_err(err)?})
         }
         "show" => {
-            let seq = resolve_point(r, req.get("at").and_then(Value::as_str).ok_or("show needs \"at\"")?)?;
+            let seq = resolve_point(
+                r,
+                req.get("at")
+                    .and_then(Value::as_str)
+                    .ok_or("show needs \"at\"")?,
+            )?;
             content_json(show_at(r, path, seq)?)
         }
         "diff" => {
-            let from = resolve_point(r, req.get("from").and_then(Value::as_str).ok_or("diff needs \"from\"")?)?;
+            let from = resolve_point(
+                r,
+                req.get("from")
+                    .and_then(Value::as_str)
+                    .ok_or("diff needs \"from\"")?,
+            )?;
             let to = match req.get("to").and_then(Value::as_str) {
                 Some(spec) => Some(resolve_point(r, spec)?),
                 None => None,
@@ -898,7 +908,10 @@ fn point_time(r: &ReadTxn, spec: &str) -> Result<i64> {
         return Ok(t);
     }
     let seq = resolve_point(r, spec)?;
-    Ok(r.history(seq..=seq).map_err(err)?.first().map_or(0, |rec| rec.time))
+    Ok(r.history(seq..=seq)
+        .map_err(err)?
+        .first()
+        .map_or(0, |rec| rec.time))
 }
 
 /// Runs a history request that changes the store (`mark`, `rollback`, `revert`, `redact`,
@@ -912,12 +925,18 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
     };
     let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
     let point = |key: &str| -> Result<u64> {
-        let spec = req.get(key).and_then(Value::as_str).ok_or_else(|| format!("needs \"{key}\""))?;
+        let spec = req
+            .get(key)
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("needs \"{key}\""))?;
         resolve_point(&fs.store().read().map_err(err)?, spec)
     };
     let v = match req.get("op").and_then(Value::as_str).unwrap_or("") {
         "mark" => {
-            let name = req.get("name").and_then(Value::as_str).ok_or("mark needs \"name\"")?;
+            let name = req
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or("mark needs \"name\"")?;
             json!({"seq": fs.mark(name).map_err(err)?})
         }
         "rollback" => {
@@ -938,7 +957,10 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
         }
         "snapshot_at" => {
             let seq = point("at")?;
-            let out = req.get("out").and_then(Value::as_str).ok_or("needs \"out\"")?;
+            let out = req
+                .get("out")
+                .and_then(Value::as_str)
+                .ok_or("needs \"out\"")?;
             let r = fs.store().read().map_err(err)?;
             let info = at_point(&r, seq, |t| snapshot(t, Path::new(out)))?;
             json!({"snapshot": info, "at": seq})
@@ -960,28 +982,6 @@ pub fn content_of(v: &serde_json::Value) -> Vec<u8> {
     (0..hex.len() / 2)
         .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_and_dates() {
-        assert_eq!(parse_duration("30d").unwrap(), 30 * 86_400 * 1_000_000_000);
-        assert_eq!(parse_duration("90m").unwrap(), 90 * 60 * 1_000_000_000);
-        assert!(parse_duration("soon").is_err());
-        assert_eq!(parse_date("1970-01-01").unwrap(), 0);
-        assert_eq!(
-            parse_date("2000-03-01T00:00:00Z").unwrap(),
-            951_868_800 * 1_000_000_000
-        );
-        assert_eq!(
-            parse_date("2026-11-29T12:30").unwrap(),
-            1_795_955_400 * 1_000_000_000
-        );
-        assert!(parse_date("2026-13-01").is_err());
-    }
 }
 
 // ---- history ----
@@ -1137,4 +1137,26 @@ pub fn diff(r: &ReadTxn, path: &str, from: u64, to: Option<u64>) -> Result<Strin
             }
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_dates() {
+        assert_eq!(parse_duration("30d").unwrap(), 30 * 86_400 * 1_000_000_000);
+        assert_eq!(parse_duration("90m").unwrap(), 90 * 60 * 1_000_000_000);
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_date("1970-01-01").unwrap(), 0);
+        assert_eq!(
+            parse_date("2000-03-01T00:00:00Z").unwrap(),
+            951_868_800 * 1_000_000_000
+        );
+        assert_eq!(
+            parse_date("2026-11-29T12:30").unwrap(),
+            1_795_955_400 * 1_000_000_000
+        );
+        assert!(parse_date("2026-13-01").is_err());
+    }
 }

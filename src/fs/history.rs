@@ -19,6 +19,9 @@ pub enum Invalidation {
 /// Receives invalidations (the FUSE layer forwards them to the kernel).
 pub type Invalidator = Box<dyn Fn(Invalidation) + Send + std::marker::Sync>;
 
+/// An invalidator shared with whoever commits out of band.
+pub(super) type SharedInvalidator = Arc<dyn Fn(Invalidation) + Send + std::marker::Sync>;
+
 fn invalid(msg: String) -> Error {
     Error::History(msg)
 }
@@ -33,7 +36,9 @@ impl Fs {
         if self.store().history_on() {
             Ok(())
         } else {
-            Err(invalid("history is off for this store (mounted with --keep-history 0)".into()))
+            Err(invalid(
+                "history is off for this store (mounted with --keep-history 0)".into(),
+            ))
         }
     }
 
@@ -89,7 +94,15 @@ impl Fs {
         for rec in &records {
             w.apply_undo(&rec.undo)?;
         }
-        self.describe(&mut w, caller, "rollback", 0, |_| vec![format!("@{seq}")], 0, 0);
+        self.describe(
+            &mut w,
+            caller,
+            "rollback",
+            0,
+            |_| vec![format!("@{seq}")],
+            0,
+            0,
+        );
         self.commit_out_of_band(w)?;
         Ok(records.len())
     }
@@ -104,10 +117,15 @@ impl Fs {
         let parts: Vec<String> = path
             .split('/')
             .filter(|p| !p.is_empty())
-            .map(|p| self.parse_name(p.as_bytes()).map(|n| n.as_str().to_string()))
+            .map(|p| {
+                self.parse_name(p.as_bytes())
+                    .map(|n| n.as_str().to_string())
+            })
             .collect::<Result<_>>()?;
         let Some((name, parents)) = parts.split_last() else {
-            return Err(invalid("revert of / is a rollback: use `redbfs rollback`".into()));
+            return Err(invalid(
+                "revert of / is a rollback: use `redbfs rollback`".into(),
+            ));
         };
         let dir = tempfile::Builder::new()
             .prefix("redbfs-revert-")
@@ -138,7 +156,11 @@ impl Fs {
 
         let mut w = self.store().write()?;
         let parent = walk(&|d, n| Ok(w.lookup(d, n)?.filter(|x| x.1 == Kind::Dir).map(|x| x.0)))?
-            .ok_or_else(|| invalid(format!("{path}: its directory does not exist now; revert the directory")))?;
+            .ok_or_else(|| {
+            invalid(format!(
+                "{path}: its directory does not exist now; revert the directory"
+            ))
+        })?;
         let mut removals = Vec::new();
         if let Some((now_ino, kind)) = w.lookup(parent, name)? {
             self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
@@ -151,7 +173,15 @@ impl Fs {
         p.mtime = now;
         p.ctime = now;
         w.put_inode(&p)?;
-        self.describe(&mut w, caller, "revert", then_ino.unwrap_or(0), |_| vec![format!("/{}", parts.join("/")), format!("@{seq}")], 0, 0);
+        self.describe(
+            &mut w,
+            caller,
+            "revert",
+            then_ino.unwrap_or(0),
+            |_| vec![format!("/{}", parts.join("/")), format!("@{seq}")],
+            0,
+            0,
+        );
         let res = self.commit_out_of_band(w);
         for r in removals {
             self.finish_removal(r, res.is_ok());
@@ -187,10 +217,21 @@ impl Fs {
     }
 
     /// Recreates, under `parent` as `name`, the tree that inode `ino` heads in `then`.
-    fn restore_tree(&self, w: &mut WriteTxn<'_>, then: &ReadTxn, ino: u64, parent: u64, name: &str) -> Result<()> {
+    fn restore_tree(
+        &self,
+        w: &mut WriteTxn<'_>,
+        then: &ReadTxn,
+        ino: u64,
+        parent: u64,
+        name: &str,
+    ) -> Result<()> {
         let mut inode = then.inode(ino)?.ok_or(Error::NotFound)?;
         // Keep the inode number where it is free; a file now living elsewhere keeps its own.
-        inode.ino = if w.inode(ino)?.is_none() { ino } else { w.alloc_ino()? };
+        inode.ino = if w.inode(ino)?.is_none() {
+            ino
+        } else {
+            w.alloc_ino()?
+        };
         inode.parent = parent;
         inode.name = name.to_string();
         inode.ctime = crate::store::now_ns();
@@ -209,7 +250,9 @@ impl Fs {
         } else {
             for (idx, blob) in then.filemap_of(ino)? {
                 if !w.blob_exists(blob)? {
-                    return Err(invalid(format!("{name}: the content at that point has expired")));
+                    return Err(invalid(format!(
+                        "{name}: the content at that point has expired"
+                    )));
                 }
                 w.set_filemap(inode.ino, idx, Some(blob))?;
             }
@@ -223,7 +266,9 @@ impl Fs {
         self.require_history()?;
         self.flush_all();
         if name.is_empty() || name.bytes().all(|b| b.is_ascii_digit()) || name.starts_with('@') {
-            return Err(invalid(format!("{name:?}: a mark needs a name that is not a number")));
+            return Err(invalid(format!(
+                "{name:?}: a mark needs a name that is not a number"
+            )));
         }
         let seq = self.store().read()?.last_seq()?;
         let mut w = self.store().write()?;
@@ -244,7 +289,11 @@ impl Fs {
         let mut blobs: Vec<u64> = match at {
             Some(seq) => crate::tools::at_point(&r, seq, |t| {
                 let (inode, _) = crate::tools::lookup_path(t, path)?;
-                Ok(t.filemap_of(inode.ino).map_err(|e| e.to_string())?.into_iter().map(|(_, b)| b).collect())
+                Ok(t.filemap_of(inode.ino)
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .map(|(_, b)| b)
+                    .collect())
             })
             .map_err(invalid)?,
             None => records
@@ -258,7 +307,8 @@ impl Fs {
         };
         // The current content is not history.
         if let Ok((now, _)) = crate::tools::lookup_path(&r, path) {
-            let current: std::collections::HashSet<u64> = r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
+            let current: std::collections::HashSet<u64> =
+                r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
             blobs.retain(|b| !current.contains(b));
         }
         blobs.sort_unstable();

@@ -157,7 +157,7 @@ pub struct Fs {
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
     poisoned: AtomicBool,
-    invalidator: Mutex<Option<Arc<dyn Fn(history::Invalidation) + Send + std::marker::Sync>>>,
+    invalidator: Mutex<Option<history::SharedInvalidator>>,
 }
 
 impl Fs {

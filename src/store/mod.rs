@@ -1082,13 +1082,7 @@ impl WriteTxn<'_> {
                 }
                 Undo::Filemap { ino, idx, old } => {
                     if let Some(b) = old
-                        && !self
-                            .tx
-                            .open_table(BLOBS)
-                            .map_err(map_err)?
-                            .get(*b)
-                            .map_err(map_err)?
-                            .is_some()
+                        && !self.blob_exists(*b)?
                     {
                         return Err(StoreError::Corrupt(format!(
                             "history refers to missing blob {b}"

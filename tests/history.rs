@@ -1,0 +1,499 @@
+//! History: random operations with time travel against a model (show, snapshot --at and
+//! rollback equal the model's state at random past points; rollback of a rollback restores
+//! the later state), attribution of the writing process, retention, redaction that leaves no
+//! bytes in the file after compact, revert through a mount the kernel has cached, and a kill
+//! during a rollback that leaves all-before or all-after.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Output;
+
+use common::{TestMount, fuse_available, redbfs};
+use redbfs::fs::{Caller, Fs, Limits, OpenMode};
+use redbfs::store::{Kind, ROOT_INO, Store};
+
+const ME: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
+const THIRTY_DAYS: u64 = 30 * 86_400 * 1_000_000_000;
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// path -> None for a directory, Some(content) for a file.
+type Tree = BTreeMap<String, Option<Vec<u8>>>;
+
+fn tree_of(r: &redbfs::store::ReadTxn) -> Tree {
+    let mut out = Tree::new();
+    for (_, e) in redbfs::tools::tree(r, "/").unwrap().into_iter().skip(1) {
+        let v = if e.kind == "dir" {
+            None
+        } else {
+            let (inode, _) = redbfs::tools::lookup_path(r, &e.path).unwrap();
+            Some(redbfs::tools::read_content(r, &inode).unwrap())
+        };
+        out.insert(e.path, v);
+    }
+    out
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % n
+    }
+}
+
+fn lookup(fs: &Fs, path: &str) -> Option<(u64, Kind)> {
+    let mut ino = ROOT_INO;
+    let mut kind = Kind::Dir;
+    for p in path.split('/').filter(|p| !p.is_empty()) {
+        let i = fs.lookup(ino, p.as_bytes()).ok()?;
+        ino = i.ino;
+        kind = i.kind;
+    }
+    Some((ino, kind))
+}
+
+/// One random operation through `Fs`; failures (EEXIST, ENOTEMPTY...) are part of the game.
+fn random_op(fs: &Fs, rng: &mut Rng, step: u64) {
+    let dirs = ["", "/a", "/b", "/a/c"];
+    let names = ["x.md", "y.md", "c", "z"];
+    let dir = dirs[rng.below(4) as usize];
+    let name = names[rng.below(4) as usize];
+    let Some((parent, Kind::Dir)) = lookup(fs, dir) else {
+        return;
+    };
+    match rng.below(6) {
+        0 => {
+            let _ = fs.mkdir(ME, parent, name.as_bytes(), 0o755, 0);
+        }
+        1 | 2 => {
+            let data = format!("step {step} {}", "x".repeat(rng.below(100_000) as usize));
+            let fh = match fs.lookup(parent, name.as_bytes()) {
+                Ok(i) if i.kind == Kind::File => fs
+                    .open(
+                        ME,
+                        i.ino,
+                        OpenMode {
+                            write: true,
+                            truncate: true,
+                            ..OpenMode::default()
+                        },
+                    )
+                    .ok(),
+                Ok(_) => None,
+                Err(_) => fs
+                    .create(ME, parent, name.as_bytes(), 0o644, 0, libc::O_WRONLY)
+                    .ok()
+                    .map(|x| x.1),
+            };
+            if let Some(fh) = fh {
+                fs.write(ME, fh, 0, data.as_bytes()).unwrap();
+                fs.release(fh).unwrap();
+            }
+        }
+        3 => {
+            let _ = fs.unlink(ME, parent, name.as_bytes());
+        }
+        4 => {
+            let _ = fs.rmdir(ME, parent, name.as_bytes());
+        }
+        _ => {
+            let to = dirs[rng.below(4) as usize];
+            if let Some((np, Kind::Dir)) = lookup(fs, to) {
+                let _ = fs.rename(
+                    ME,
+                    parent,
+                    name.as_bytes(),
+                    np,
+                    names[rng.below(4) as usize].as_bytes(),
+                    0,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn time_travel_matches_the_model_at_random_points() {
+    let seed: u64 = std::env::var("REDBFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(11);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let mut rng = Rng(seed);
+    // The model: the tree after each history point.
+    let mut states: BTreeMap<u64, Tree> = BTreeMap::new();
+    states.insert(0, Tree::new());
+    for step in 0..150 {
+        random_op(&fs, &mut rng, step);
+        let r = fs.store().read().unwrap();
+        states.insert(r.last_seq().unwrap(), tree_of(&r));
+    }
+    let r = fs.store().read().unwrap();
+    let points: Vec<u64> = states.keys().copied().collect();
+    for _ in 0..8 {
+        let seq = points[rng.below(points.len() as u64) as usize];
+        let then = redbfs::tools::at_point(&r, seq, |t| Ok(tree_of(t))).unwrap();
+        assert_eq!(&then, &states[&seq], "seed {seed}: state at @{seq}");
+        // show of every file at that point
+        for (p, content) in &states[&seq] {
+            if let Some(c) = content {
+                assert_eq!(
+                    &redbfs::tools::show_at(&r, p, seq).unwrap(),
+                    c,
+                    "seed {seed}: show {p} @{seq}"
+                );
+            }
+        }
+    }
+    drop(r);
+
+    // Rollback to a random point equals the model there; rolling back the rollback restores
+    // the later state. Each is one record.
+    let before = tree_of(&fs.store().read().unwrap());
+    let latest = fs.store().read().unwrap().last_seq().unwrap();
+    let target = points[points.len() / 3];
+    fs.rollback(ME, target).unwrap();
+    let r = fs.store().read().unwrap();
+    assert_eq!(
+        tree_of(&r),
+        states[&target],
+        "seed {seed}: rollback to @{target}"
+    );
+    assert_eq!(
+        r.last_seq().unwrap(),
+        latest + 1,
+        "the rollback is one record"
+    );
+    drop(r);
+    fs.rollback(ME, latest).unwrap();
+    assert_eq!(
+        tree_of(&fs.store().read().unwrap()),
+        before,
+        "seed {seed}: rollback of the rollback"
+    );
+    let r = fs.store().read().unwrap();
+    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn snapshot_at_and_cli_history_on_an_unmounted_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    {
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        store.set_keep_history(THIRTY_DAYS).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let m = fs.mkdir(ME, ROOT_INO, b"memories", 0o700, 0).unwrap();
+        let (_, fh) = fs
+            .create(ME, m.ino, b"plan.md", 0o600, 0, libc::O_WRONLY)
+            .unwrap();
+        fs.write(ME, fh, 0, b"1. ship\n2. rest\n").unwrap();
+        fs.release(fh).unwrap();
+        fs.mark("v1").unwrap();
+        let i = fs.lookup(m.ino, b"plan.md").unwrap();
+        let fh = fs
+            .open(
+                ME,
+                i.ino,
+                OpenMode {
+                    write: true,
+                    truncate: true,
+                    ..OpenMode::default()
+                },
+            )
+            .unwrap();
+        fs.write(ME, fh, 0, b"1. ship\n2. party\n").unwrap();
+        fs.release(fh).unwrap();
+    }
+    let p = s(&path);
+    assert_eq!(
+        ok(redbfs(&["show", p, "/memories/plan.md", "--at", "v1"])),
+        "1. ship\n2. rest\n"
+    );
+    let d = redbfs(&["diff", p, "/memories/plan.md", "--from", "v1"]);
+    assert_eq!(
+        d.status.code(),
+        Some(1),
+        "diff exits 1 when the texts differ"
+    );
+    let d = String::from_utf8_lossy(&d.stdout);
+    assert!(d.contains("-2. rest\n+2. party\n"), "{d}");
+    let snap = dir.path().join("v1.redb");
+    ok(redbfs(&["snapshot", p, s(&snap), "--at", "v1"]));
+    assert_eq!(
+        ok(redbfs(&["cat", s(&snap), "/memories/plan.md"])),
+        "1. ship\n2. rest\n"
+    );
+    assert!(ok(redbfs(&["check", s(&snap)])).contains("clean"));
+    ok(redbfs(&["revert", p, "/memories/plan.md", "--to", "v1"]));
+    assert_eq!(
+        ok(redbfs(&["cat", p, "/memories/plan.md"])),
+        "1. ship\n2. rest\n"
+    );
+    let log = ok(redbfs(&["log", p, "/memories/plan.md"]));
+    assert!(log.lines().next().unwrap().contains("revert"), "{log}");
+    assert!(ok(redbfs(&["check", p])).contains("clean"));
+}
+
+#[test]
+fn attribution_names_the_writing_process() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    let child = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys,os; open(sys.argv[1],'w').write('from python'); print(os.getpid())",
+        ])
+        .arg(m.path("memories/py.md"))
+        .output()
+        .unwrap();
+    let pid: u32 = String::from_utf8_lossy(&child.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let out = ok(redbfs(&[
+        "log",
+        s(&m.mountpoint),
+        "/memories/py.md",
+        "--json",
+    ]));
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let writes: Vec<_> = recs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["op"] == "write")
+        .collect();
+    assert!(!writes.is_empty(), "{out}");
+    for w in writes {
+        assert_eq!(w["pid"], pid);
+        assert!(w["comm"].as_str().unwrap().starts_with("python"), "{w}");
+        assert_eq!(w["uid"], nix::unistd::getuid().as_raw());
+        assert_eq!(w["size_after"], 11);
+    }
+}
+
+#[test]
+fn retention_drops_what_is_older_and_nothing_newer() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::with_args(&["--keep-history", "2s"]);
+    for i in 0..5 {
+        std::fs::write(m.path(&format!("old{i}")), format!("old {i}")).unwrap();
+    }
+    std::fs::write(m.path("old0"), "old 0 replaced").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    for i in 0..10 {
+        std::fs::write(m.path(&format!("new{i}")), format!("new {i}")).unwrap();
+    }
+    let out = ok(redbfs(&["log", s(&m.mountpoint), "--json"]));
+    let recs: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths: Vec<String> = recs
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| {
+            r["paths"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap().to_string())
+        })
+        .collect();
+    assert!(
+        paths.iter().all(|p| !p.starts_with("/old")),
+        "older records dropped: {paths:?}"
+    );
+    for i in 0..10 {
+        assert!(
+            paths.contains(&format!("/new{i}")),
+            "newer records kept: {paths:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(m.path("old0")).unwrap(),
+        "old 0 replaced"
+    );
+    assert!(ok(redbfs(&["check", s(&m.mountpoint)])).contains("invariants hold"));
+}
+
+#[test]
+fn redact_then_compact_leaves_no_bytes_in_the_file() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    let secret = "sk-SECRET-a1b2c3d4e5f6-do-not-keep";
+    std::fs::write(m.path("memories/creds.md"), format!("api key: {secret}\n")).unwrap();
+    // The agent replaces the file the way the SDK's str_replace does.
+    std::fs::write(m.path("memories/.tmp-1-x"), "api key: (removed)\n").unwrap();
+    std::fs::rename(m.path("memories/.tmp-1-x"), m.path("memories/creds.md")).unwrap();
+    let first = ok(redbfs(&[
+        "log",
+        s(&m.mountpoint),
+        "/memories/creds.md",
+        "--json",
+    ]));
+    let recs: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let secret_write = recs
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|r| r["op"] == "write")
+        .expect("the write of the secret is recorded")["seq"]
+        .as_u64()
+        .unwrap();
+    ok(redbfs(&["redact", s(&m.mountpoint), "/memories/creds.md"]));
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/creds.md")).unwrap(),
+        "api key: (removed)\n"
+    );
+    let err = redbfs(&[
+        "show",
+        s(&m.mountpoint),
+        "/memories/creds.md",
+        "--at",
+        &secret_write.to_string(),
+    ]);
+    assert!(!err.status.success());
+    assert!(String::from_utf8_lossy(&err.stderr).contains("redacted"));
+    let log = ok(redbfs(&["log", s(&m.mountpoint), "/memories/creds.md"]));
+    assert!(log.contains("[redacted]"), "the records stay: {log}");
+    m.unmount();
+    ok(redbfs(&["compact", s(&m.store)]));
+    let bytes = std::fs::read(&m.store).unwrap();
+    let found = bytes.windows(secret.len()).any(|w| w == secret.as_bytes());
+    assert!(!found, "the secret is gone from the store file");
+    assert!(ok(redbfs(&["check", s(&m.store)])).contains("clean"));
+}
+
+#[test]
+fn revert_through_the_mount_reaches_the_kernels_cache() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir_all(m.path("memories/project")).unwrap();
+    std::fs::write(m.path("memories/project/a.md"), "good a").unwrap();
+    std::fs::write(m.path("memories/project/b.md"), "good b").unwrap();
+    ok(redbfs(&["mark", s(&m.mountpoint), "good"]));
+    // An agent session damages the directory; the kernel caches what it read.
+    std::fs::write(m.path("memories/project/a.md"), "poisoned").unwrap();
+    std::fs::remove_file(m.path("memories/project/b.md")).unwrap();
+    std::fs::write(m.path("memories/project/c.md"), "injected").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/project/a.md")).unwrap(),
+        "poisoned"
+    );
+    ok(redbfs(&[
+        "revert",
+        s(&m.mountpoint),
+        "/memories/project",
+        "--to",
+        "good",
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/project/a.md")).unwrap(),
+        "good a"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/project/b.md")).unwrap(),
+        "good b"
+    );
+    assert!(!m.path("memories/project/c.md").exists());
+    let mut names: Vec<_> = std::fs::read_dir(m.path("memories/project"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.md", "b.md"]);
+    assert!(ok(redbfs(&["check", s(&m.mountpoint)])).contains("invariants hold"));
+}
+
+#[test]
+fn a_kill_during_rollback_leaves_all_before_or_all_after() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::create_dir(m.path("d")).unwrap();
+    for i in 0..1500 {
+        std::fs::write(m.path(&format!("d/f{i:04}")), format!("{i}")).unwrap();
+    }
+    ok(redbfs(&["mark", s(&m.mountpoint), "full"]));
+    for i in 0..1500 {
+        std::fs::remove_file(m.path(&format!("d/f{i:04}"))).unwrap();
+    }
+    let status = ok(redbfs(&["status", s(&m.mountpoint), "--json"]));
+    let pid = serde_json::from_str::<serde_json::Value>(&status).unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    let mut child = std::process::Command::new(common::redbfs_bin())
+        .args(["rollback", s(&m.mountpoint), "--to", "full"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let delay: u64 = std::env::var("REDBFS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
+    std::thread::sleep(std::time::Duration::from_millis(delay));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    while Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z")
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    m.mount_after_crash();
+    let n = std::fs::read_dir(m.path("d")).unwrap().count();
+    assert!(
+        n == 0 || n == 1500,
+        "rollback is all or nothing: {n} files after a kill at {delay} ms"
+    );
+    if n == 1500 {
+        assert_eq!(std::fs::read_to_string(m.path("d/f0777")).unwrap(), "777");
+    }
+    m.unmount();
+    assert!(ok(redbfs(&["check", s(&m.store)])).contains("clean"));
+}
