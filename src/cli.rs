@@ -605,13 +605,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                             nix::unistd::getgid().as_raw(),
                         );
                         let s = Store::open_or_create(&abs, owner).map_err(|e| e.to_string())?;
-                        let limits = s
-                            .read()
-                            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
-                            .ok()
-                            .flatten()
-                            .and_then(|b| serde_json::from_slice(&b).ok())
-                            .unwrap_or_default();
+                        let limits = crate::fs::Limits::stored(&s);
                         serde_json::to_value(tools::import(&s, &limits, &dir, &into, strict)?)
                             .map_err(|e| e.to_string())?
                     }
@@ -947,13 +941,7 @@ impl Target {
                 .call(&req);
         }
         let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
-        let limits = s
-            .read()
-            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
-            .ok()
-            .flatten()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
+        let limits = crate::fs::Limits::stored(&s);
         let fs = crate::fs::Fs::new(s, limits).map_err(|e| e.to_string())?;
         tools::history_change(&fs, &req)
     }

@@ -266,12 +266,7 @@ fn open_store(store_path: &Path, overrides: &LimitOverrides) -> Result<(Store, L
         },
         other => other.to_string(),
     })?;
-    let stored = store
-        .read()
-        .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
-        .map_err(|e| e.to_string())?
-        .and_then(|b| serde_json::from_slice::<Limits>(&b).ok())
-        .unwrap_or_default();
+    let stored = Limits::stored(&store);
     let limits = overrides.apply(stored.clone());
     if limits != stored
         || store

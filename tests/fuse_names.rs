@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{TestMount, fuse_available};
+use common::{Rng, TestMount, fuse_available};
 use redbfs::fs::{Name, NameRules};
 
 fn cpath(p: &Path) -> CString {
@@ -217,18 +217,6 @@ fn portable_names() {
         "siblings unique without regard to case"
     );
     assert_eq!(create(&m.path("console.md")), 0);
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 /// An arbitrary name the kernel will pass on: no '/' or NUL, not "." or "..".

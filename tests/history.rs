@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Output;
 
-use common::{TestMount, fuse_available, redbfs};
+use common::{Rng, TestMount, fuse_available, redbfs};
 use redbfs::fs::{Caller, Fs, Limits, OpenMode};
 use redbfs::store::{Kind, ROOT_INO, Store};
 
@@ -50,18 +50,6 @@ fn tree_of(r: &redbfs::store::ReadTxn) -> Tree {
         out.insert(e.path, v);
     }
     out
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % n
-    }
 }
 
 fn lookup(fs: &Fs, path: &str) -> Option<(u64, Kind)> {

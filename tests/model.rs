@@ -4,7 +4,11 @@
 //! again, so the model also checks what was committed. A failure prints its seed;
 //! `REDBFS_SEED=<seed>` replays one sequence.
 
+mod common;
+
 use std::collections::BTreeMap;
+
+use common::Rng;
 
 use redbfs::fs::{Caller, Fs, Limits, OpenMode, SetAttr};
 use redbfs::store::{Kind, ROOT_INO, Store};
@@ -19,21 +23,6 @@ const ME: Caller = Caller {
 enum Node {
     Dir,
     File(Vec<u8>),
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 type Model = BTreeMap<String, Node>;
@@ -109,7 +98,7 @@ fn pick_existing(rng: &mut Rng, m: &Model) -> Option<String> {
     if m.is_empty() {
         return None;
     }
-    let i = rng.below(m.len());
+    let i = rng.pick(m.len());
     m.keys().nth(i).cloned()
 }
 
@@ -119,16 +108,16 @@ fn pick_dir(rng: &mut Rng, m: &Model) -> String {
         .filter(|(_, n)| **n == Node::Dir)
         .map(|(k, _)| k)
         .collect();
-    if dirs.is_empty() || rng.below(4) == 0 {
+    if dirs.is_empty() || rng.pick(4) == 0 {
         String::new()
     } else {
-        dirs[rng.below(dirs.len())].clone()
+        dirs[rng.pick(dirs.len())].clone()
     }
 }
 
 fn pick_new_path(rng: &mut Rng, m: &Model) -> String {
     let dir = pick_dir(rng, m);
-    let name = NAMES[rng.below(NAMES.len())];
+    let name = NAMES[rng.pick(NAMES.len())];
     if dir.is_empty() {
         name.to_string()
     } else {
@@ -187,7 +176,7 @@ fn run_sequence(seed: u64, steps: usize) {
     let mut m = Model::new();
     let mut rng = Rng(seed);
     for step in 0..steps {
-        let op = rng.below(10);
+        let op = rng.pick(10);
         let desc;
         let (got, want): (Result<(), i32>, Result<(), i32>) = match op {
             0 | 1 => {
@@ -208,7 +197,7 @@ fn run_sequence(seed: u64, steps: usize) {
             }
             2 | 3 => {
                 let p = pick_new_path(&mut rng, &m);
-                let len = rng.below(3) * 40_000 + rng.below(300);
+                let len = rng.pick(3) * 40_000 + rng.pick(300);
                 let data: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
                 desc = format!("create {p} ({len} bytes)");
                 let (dirp, name) = split(&p);
@@ -235,8 +224,8 @@ fn run_sequence(seed: u64, steps: usize) {
                 let Some(p) = pick_existing(&mut rng, &m) else {
                     continue;
                 };
-                let off = rng.below(100_000) as u64;
-                let data = vec![(step % 251) as u8 + 1; rng.below(70_000) + 1];
+                let off = rng.pick(100_000) as u64;
+                let data = vec![(step % 251) as u8 + 1; rng.pick(70_000) + 1];
                 desc = format!("write {p} at {off} ({} bytes)", data.len());
                 let ino = resolve(&fs, &p).unwrap();
                 let got = errno(
@@ -271,7 +260,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 let Some(p) = pick_existing(&mut rng, &m) else {
                     continue;
                 };
-                let size = rng.below(150_000) as u64;
+                let size = rng.pick(150_000) as u64;
                 desc = format!("truncate {p} to {size}");
                 let ino = resolve(&fs, &p).unwrap();
                 let got = errno(fs.setattr(
@@ -331,7 +320,7 @@ fn run_sequence(seed: u64, steps: usize) {
                 let Some(src) = pick_existing(&mut rng, &m) else {
                     continue;
                 };
-                let dst = if rng.below(2) == 0 {
+                let dst = if rng.pick(2) == 0 {
                     pick_existing(&mut rng, &m).unwrap()
                 } else {
                     pick_new_path(&mut rng, &m)

@@ -44,6 +44,19 @@ pub struct Limits {
     pub names: NameRules,
 }
 
+impl Limits {
+    /// The limits a store recorded at its last mount, or the defaults.
+    pub fn stored(store: &Store) -> Limits {
+        store
+            .read()
+            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -578,22 +591,7 @@ impl Fs {
         mode: u32,
         umask: u32,
     ) -> Result<Inode> {
-        self.writable()?;
-        let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write()?;
-        let mut p = Self::parent_dir(&w, parent)?;
-        let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::Dir, mode & !umask)?;
-        self.describe(
-            &mut w,
-            caller,
-            "mkdir",
-            inode.ino,
-            |w| vec![self.path_in(w, parent, name.as_str())],
-            0,
-            0,
-        );
-        self.commit(w, Sync::Durable)?;
-        Ok(inode)
+        self.make_entry(caller, parent, raw_name, Kind::Dir, mode & !umask)
     }
 
     /// Creates a regular file (mknod of S_IFREG); it becomes durable with the next durable
@@ -606,7 +604,6 @@ impl Fs {
         mode: u32,
         umask: u32,
     ) -> Result<Inode> {
-        self.writable()?;
         if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
             return Err(Error::NotPermitted(match mode & libc::S_IFMT {
                 libc::S_IFIFO => "mknod of a FIFO",
@@ -615,20 +612,38 @@ impl Fs {
                 _ => "mknod of a special file",
             }));
         }
+        self.make_entry(caller, parent, raw_name, Kind::File, mode & !umask)
+    }
+
+    /// mkdir and mknod: a new entry in one transaction, durable for a directory and deferred
+    /// for a file (whose close or fsync follows).
+    fn make_entry(
+        &self,
+        caller: Caller,
+        parent: u64,
+        raw_name: &[u8],
+        kind: Kind,
+        perm: u32,
+    ) -> Result<Inode> {
+        self.writable()?;
         let name = self.parse_name(raw_name)?;
         let mut w = self.store.write()?;
         let mut p = Self::parent_dir(&w, parent)?;
-        let inode = self.new_inode(&mut w, caller, &mut p, &name, Kind::File, mode & !umask)?;
+        let inode = self.new_inode(&mut w, caller, &mut p, &name, kind, perm)?;
+        let (op, sync) = match kind {
+            Kind::Dir => ("mkdir", Sync::Durable),
+            Kind::File => ("create", Sync::Deferred),
+        };
         self.describe(
             &mut w,
             caller,
-            "create",
+            op,
             inode.ino,
             |w| vec![self.path_in(w, parent, name.as_str())],
             0,
             0,
         );
-        self.commit(w, Sync::Deferred)?;
+        self.commit(w, sync)?;
         Ok(inode)
     }
 

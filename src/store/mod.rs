@@ -393,6 +393,14 @@ fn meta_u64_in(
     }
 }
 
+fn orphans_in(t: &impl ReadableTable<u64, ()>) -> Result<Vec<u64>, StoreError> {
+    let mut out = Vec::new();
+    for item in t.iter().map_err(map_err)? {
+        out.push(item.map_err(map_err)?.0.value());
+    }
+    Ok(out)
+}
+
 /// A read-only snapshot of the store.
 pub struct ReadTxn {
     tx: redb::ReadTransaction,
@@ -651,12 +659,7 @@ impl ReadTxn {
     }
 
     pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
-        let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(map_err)? {
-            out.push(item.map_err(map_err)?.0.value());
-        }
-        Ok(out)
+        orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
     }
 
     /// Every inode record, in inode order (for check and tools).
@@ -1025,12 +1028,7 @@ impl WriteTxn<'_> {
     }
 
     pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
-        let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
-        let mut out = Vec::new();
-        for item in t.iter().map_err(map_err)? {
-            out.push(item.map_err(map_err)?.0.value());
-        }
-        Ok(out)
+        orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
     }
 
     pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
