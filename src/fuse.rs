@@ -60,6 +60,10 @@ impl FuseFs {
     /// Logs a failed request once and answers it with its errno.
     fn fail(&self, op: &str, ino: u64, name: Option<&OsStr>, e: &Error) -> Errno {
         let errno = e.errno();
+        if e.is_expected() && !tracing::enabled!(tracing::Level::DEBUG) {
+            // ENOENT on a lookup is an answer, not a refusal: no log line, no path walk.
+            return Errno::from_i32(errno);
+        }
         let path = self.fs.path_of(ino);
         let path = match name {
             Some(n) => format!("{}/{}", path.trim_end_matches('/'), n.to_string_lossy()),

@@ -96,7 +96,7 @@ const META_LAST_COMMIT: &str = "last_commit";
 pub struct Store {
     db: Database,
     path: PathBuf,
-    /// Commits made so far; a commit's number is taken after it is visible.
+    /// Commits made so far; a commit takes its number while it holds the write lock.
     commits: AtomicU64,
     /// The highest commit number known to be on disk. Held while a sync runs, so concurrent
     /// durable commits wait for one fsync and share it (group commit).
@@ -256,7 +256,8 @@ impl Store {
         if *synced >= seq {
             return Ok(());
         }
-        // Every commit counted here finished before this transaction begins, so it is covered.
+        // Every commit numbered so far holds or held the write lock before this transaction
+        // can take it, so this transaction covers them all.
         let target = self.commits.load(Ordering::Acquire);
         let mut tx = self.db.begin_write().map_err(map_err)?;
         tx.set_durability(redb::Durability::Immediate)
@@ -1274,14 +1275,27 @@ impl WriteTxn<'_> {
                     .map_err(map_err)?;
             }
         }
-        // Every commit goes to redb without an fsync; a durable one then waits for a sync that
-        // covers it, shared with whatever else committed meanwhile.
+        let store = self.store;
+        // Numbered while this transaction holds redb's write lock, so numbers follow commit
+        // order and a sync that begins later covers every number handed out before it.
+        let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
+        if sync == Sync::Durable
+            && let Ok(mut synced) = store.synced.try_lock()
+        {
+            // Nobody is syncing: this commit is its own fsync, and covers everything before it.
+            self.tx
+                .set_durability(redb::Durability::Immediate)
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            self.tx.commit().map_err(map_err)?;
+            *synced = (*synced).max(seq);
+            return Ok(());
+        }
+        // A sync is running (or none is needed): commit without an fsync; a durable commit then
+        // waits for a sync that covers it, shared with whatever else committed meanwhile.
         self.tx
             .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
-        let store = self.store;
         self.tx.commit().map_err(map_err)?;
-        let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
         match sync {
             Sync::Durable => store.sync_to(seq),
             Sync::Deferred => Ok(()),
