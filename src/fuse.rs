@@ -327,7 +327,20 @@ impl Filesystem for FuseFs {
             flags.bits(),
         ) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rename", parent.0, Some(name), &e)),
+            Err(e) => {
+                // A refused name or path limit names the target, unless the source is at fault.
+                let target_at_fault =
+                    matches!(
+                        e,
+                        Error::Name(_) | Error::PathTooLong { .. } | Error::TooDeep { .. }
+                    ) && crate::fs::Name::parse(name.as_bytes(), self.fs.limits().names).is_ok();
+                let (dir, n) = if target_at_fault {
+                    (newparent.0, newname)
+                } else {
+                    (parent.0, name)
+                };
+                reply.error(self.fail("rename", dir, Some(n), &e))
+            }
         }
     }
 
@@ -596,6 +609,21 @@ impl Filesystem for FuseFs {
             ),
             Err(e) => reply.error(self.fail("create", parent.0, Some(name), &e)),
         }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // isatty() on every buffered open (Python's open() asks): not a terminal, as on ext4.
+        reply.error(Errno::from_i32(libc::ENOTTY));
     }
 
     fn fallocate(

@@ -474,16 +474,20 @@ impl MountRequest {
     }
 }
 
-/// Whether process `pid` still runs (a zombie has exited and closed its files).
+/// Whether any thread of process `pid` still runs. A zombie thread has closed its files, but
+/// the leader can turn zombie while other threads are still exiting and still hold the store,
+/// so every thread counts.
 fn process_alive(pid: u64) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                != Some("Z")
-        }
-        Err(_) => false,
-    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(|t| t.ok()).any(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        matches!(state, Some(s) if s != "Z" && s != "X")
+    })
 }
 
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.

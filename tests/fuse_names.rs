@@ -217,6 +217,12 @@ fn portable_names() {
         "siblings unique without regard to case"
     );
     assert_eq!(create(&m.path("console.md")), 0);
+    // A file may change the case of its own name, as on Windows and macOS.
+    assert_eq!(rename(&m.path("Notes.md"), &m.path("NOTES.md")), 0);
+    assert_eq!(
+        rename(&m.path("console.md"), &m.path("notes.md")),
+        libc::EINVAL
+    );
 }
 
 /// An arbitrary name the kernel will pass on: no '/' or NUL, not "." or "..".

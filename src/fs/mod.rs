@@ -473,14 +473,15 @@ impl Fs {
         Ok(())
     }
 
-    /// Checks that a new entry `name` under `parent` keeps within the path limits and that the
-    /// store may hold one more inode.
+    /// Checks that a new entry `name` under `parent` keeps within the path limits and, for a
+    /// new inode (`moving` is None), that the store may hold one more; `moving` is the inode a
+    /// rename brings there, which may differ from its old name only in case.
     fn check_new_entry(
         &self,
         w: &WriteTxn<'_>,
         parent: u64,
         name: &Name,
-        adds_inode: bool,
+        moving: Option<u64>,
     ) -> Result<()> {
         let mut bytes = name.as_str().len() + 1;
         let mut depth = 1;
@@ -505,15 +506,14 @@ impl Fs {
         }
         if self.limits.names == NameRules::Portable {
             let folded = name.fold_case();
-            let clash = w
-                .list(parent, usize::MAX)?
-                .into_iter()
-                .any(|e| e.name != name.as_str() && e.name.to_lowercase() == folded);
+            let clash = w.list(parent, usize::MAX)?.into_iter().any(|e| {
+                Some(e.ino) != moving && e.name != name.as_str() && e.name.to_lowercase() == folded
+            });
             if clash {
                 return Err(Error::Name(NameError::PortableCaseClash));
             }
         }
-        if adds_inode {
+        if moving.is_none() {
             let u = w.usage()?;
             if u.files + u.dirs >= self.limits.max_files {
                 return Err(Error::TooManyFiles {
@@ -546,7 +546,7 @@ impl Fs {
         if w.lookup(parent.ino, name.as_str())?.is_some() {
             return Err(Error::Exists);
         }
-        self.check_new_entry(w, parent.ino, name, true)?;
+        self.check_new_entry(w, parent.ino, name, None)?;
         let now = now_ns();
         let setgid_parent = parent.perm & libc::S_ISGID != 0;
         let mut perm = perm & 0o7777;
@@ -1069,7 +1069,7 @@ impl Fs {
                 "a directory cannot move into its own subtree",
             ));
         }
-        self.check_new_entry(&w, new_parent, &new_name, false)?;
+        self.check_new_entry(&w, new_parent, &new_name, Some(src))?;
         let mut removal = None;
         if let Some((d, dk)) = dst {
             match (src_kind, dk) {
