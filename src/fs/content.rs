@@ -7,16 +7,40 @@
 //! only moves `size` and the new range reads as zeros.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 
 use crate::store::{CHUNK_SIZE, Store, WriteTxn};
 
 use super::error::{Error, Result};
 
+/// One open inode. Who holds it and whether its name is gone are atomics, readable without
+/// the content lock, so removing a name never waits for a commit of the content (which holds
+/// the content lock while it waits for the store's write lock).
+#[derive(Debug)]
+pub struct FileSlot {
+    pub ino: u64,
+    /// Open handles (and in-flight truncates) on this inode.
+    pub handles: AtomicU32,
+    /// The name is gone; content lives until the last release.
+    pub unlinked: AtomicBool,
+    pub content: Mutex<OpenFile>,
+}
+
+impl FileSlot {
+    pub fn new(ino: u64, size: u64) -> FileSlot {
+        FileSlot {
+            ino,
+            handles: AtomicU32::new(0),
+            unlinked: AtomicBool::new(false),
+            content: Mutex::new(OpenFile::new(ino, size)),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct OpenFile {
     pub ino: u64,
-    /// Open handles on this inode.
-    pub handles: u32,
     /// The size every reader sees now, including buffered writes.
     pub size: u64,
     /// Size in the store, for quota accounting.
@@ -30,8 +54,6 @@ pub struct OpenFile {
     drop_from: Option<u64>,
     /// Something is buffered that the store does not have yet.
     pub changed: bool,
-    /// The name is gone; content lives until the last release.
-    pub unlinked: bool,
     /// Who changed the content last, for the history record of its commit.
     pub last_writer: super::Caller,
 }
@@ -40,7 +62,6 @@ impl OpenFile {
     pub fn new(ino: u64, size: u64) -> OpenFile {
         OpenFile {
             ino,
-            handles: 0,
             size,
             committed_size: size,
             pending_mtime: None,
@@ -48,7 +69,6 @@ impl OpenFile {
             dirty: BTreeMap::new(),
             drop_from: None,
             changed: false,
-            unlinked: false,
             last_writer: super::Caller::default(),
         }
     }

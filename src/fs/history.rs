@@ -49,14 +49,14 @@ impl Fs {
         for ino in &inodes {
             let f = lock(&self.files).get(ino).cloned();
             if let Some(f) = f {
-                let mut g = lock(&f);
+                let mut g = lock(&f.content);
                 match r.as_ref().ok().and_then(|r| r.inode(*ino).ok().flatten()) {
                     Some(i) => {
                         g.committed();
                         g.size = i.size;
                         g.committed_size = i.size;
                     }
-                    None => g.unlinked = true,
+                    None => f.unlinked.store(true, std::sync::atomic::Ordering::Release),
                 }
             }
         }

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::store::{
     self, DirEntry, Inode, Kind, OpInfo, ROOT_INO, Store, StoreError, Sync, WriteTxn, now_ns,
 };
-use content::OpenFile;
+use content::{FileSlot, OpenFile};
 pub use error::{Error, Result};
 pub use name::{Name, NameError, NameRules};
 
@@ -139,7 +139,7 @@ pub const ATIME_INTERVAL_NS: i64 = 3600 * 1_000_000_000;
 pub const BLOCK_SIZE: u32 = 4096;
 
 struct Handle {
-    file: Arc<Mutex<OpenFile>>,
+    file: Arc<FileSlot>,
     mode: OpenMode,
 }
 
@@ -151,9 +151,9 @@ struct DirHandle {
 /// What removing an inode's last name must do once the transaction commits.
 enum Removal {
     /// The file is open: it becomes an orphan, reclaimed at its last release.
-    Open(Arc<Mutex<OpenFile>>),
+    Open(Arc<FileSlot>),
     /// Not open: deleted now; the placeholder keeps a racing open out until the commit.
-    Closed(Arc<Mutex<OpenFile>>),
+    Closed(Arc<FileSlot>),
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -165,7 +165,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Fs {
     store: Store,
     limits: Limits,
-    files: Mutex<HashMap<u64, Arc<Mutex<OpenFile>>>>,
+    files: Mutex<HashMap<u64, Arc<FileSlot>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
@@ -256,7 +256,7 @@ impl Fs {
         if inode.kind == Kind::File {
             let f = lock(&self.files).get(&inode.ino).cloned();
             if let Some(f) = f {
-                let g = lock(&f);
+                let g = lock(&f.content);
                 inode.size = g.size;
                 if let Some(t) = g.pending_mtime {
                     inode.mtime = t;
@@ -382,13 +382,13 @@ impl Fs {
             self.check_quota(inode.size, size)?;
             let f = self.acquire(ino)?;
             let res = {
-                let mut g = lock(&f);
+                let mut g = lock(&f.content);
                 g.last_writer = caller;
                 let r = g.truncate(&self.store, size, now);
                 // Through a handle (ftruncate, O_TRUNC) the change is buffered with the rest of
                 // that handle's writes; a truncate(2) of a file nobody has open commits now.
-                if r.is_ok() && a.fh.is_none() && g.handles == 1 {
-                    self.commit_file(&mut g)
+                if r.is_ok() && a.fh.is_none() && f.handles.load(Ordering::Acquire) == 1 {
+                    self.commit_file(&f, &mut g)
                 } else {
                     r
                 }
@@ -439,7 +439,7 @@ impl Fs {
             if let Some(t) = a.mtime {
                 let f = lock(&self.files).get(&ino).cloned();
                 if let Some(f) = f {
-                    let mut g = lock(&f);
+                    let mut g = lock(&f.content);
                     if g.pending_mtime.is_some() {
                         g.pending_mtime = Some(resolve(t));
                         g.pending_ctime = Some(now);
@@ -673,7 +673,7 @@ impl Fs {
     // ---- open files ----
 
     /// Registers one more user of `ino`'s buffered content.
-    fn acquire(&self, ino: u64) -> Result<Arc<Mutex<OpenFile>>> {
+    fn acquire(&self, ino: u64) -> Result<Arc<FileSlot>> {
         let mut map = lock(&self.files);
         let f = match map.get(&ino) {
             Some(f) => f.clone(),
@@ -683,74 +683,87 @@ impl Fs {
                 if inode.kind == Kind::Dir {
                     return Err(Error::IsDir);
                 }
-                let f = Arc::new(Mutex::new(OpenFile::new(ino, inode.size)));
+                let f = Arc::new(FileSlot::new(ino, inode.size));
                 map.insert(ino, f.clone());
                 f
             }
         };
-        let mut g = lock(&f);
-        if g.unlinked && g.handles == 0 {
+        if f.unlinked.load(Ordering::Acquire) && f.handles.load(Ordering::Acquire) == 0 {
             // Being removed right now.
             return Err(Error::NotFound);
         }
-        g.handles += 1;
-        drop(g);
+        f.handles.fetch_add(1, Ordering::AcqRel);
         Ok(f)
     }
 
-    /// Drops one user of an open file: commits what it buffered and, at the last release of an
-    /// unlinked file, reclaims its space.
-    fn release_file(&self, f: &Arc<Mutex<OpenFile>>) {
-        let mut res = {
-            let mut g = lock(f);
-            if g.handles == 1 {
-                self.commit_file(&mut g)
+    /// Drops one user of an open file: the last one commits what is buffered and leaves, and
+    /// the last release of an unlinked file reclaims its space.
+    fn release_file(&self, f: &Arc<FileSlot>) {
+        loop {
+            let res = if f.handles.load(Ordering::Acquire) == 1 {
+                self.commit_file(f, &mut lock(&f.content))
             } else {
                 Ok(())
+            };
+            if let Err(e) = &res {
+                tracing::error!(ino = f.ino, error = %e, "content could not be committed at release");
             }
-        };
-        let reclaim = {
             let mut map = lock(&self.files);
-            let mut g = lock(f);
-            g.handles -= 1;
-            if g.handles > 0 {
-                None
-            } else {
-                if g.changed && res.is_ok() {
-                    res = self.commit_file(&mut g);
-                }
-                map.remove(&g.ino);
-                g.unlinked.then_some(g.ino)
+            if f.handles.load(Ordering::Acquire) > 1 {
+                f.handles.fetch_sub(1, Ordering::AcqRel);
+                return;
             }
-        };
-        if let Err(e) = res {
-            let ino = lock(f).ino;
-            tracing::error!(ino, error = %e, "content could not be committed at release");
-        }
-        if let Some(ino) = reclaim {
-            let r = self.store.write().map_err(Error::from).and_then(|mut w| {
-                let size = w.inode(ino)?.map_or(0, |i| i.size);
-                self.describe(
-                    &mut w,
-                    Caller::default(),
-                    "reclaim",
-                    ino,
-                    |_| Vec::new(),
-                    size,
-                    0,
-                );
-                w.delete_inode(ino)?;
-                self.commit(w, Sync::Durable)
-            });
-            if let Err(e) = r {
-                tracing::error!(ino, error = %e, "could not reclaim an unlinked file; the next mount will");
+            // The last user leaves only with nothing buffered, or the next open would read the
+            // store without it. The content lock is only tried: it is never awaited under the
+            // map lock.
+            let settled = match f.content.try_lock() {
+                Ok(g) => !g.changed || res.is_err() || f.unlinked.load(Ordering::Acquire),
+                Err(std::sync::TryLockError::Poisoned(_)) => true,
+                Err(std::sync::TryLockError::WouldBlock) => false,
+            };
+            if !settled {
+                // A write slipped in meanwhile: commit again.
+                drop(map);
+                std::thread::yield_now();
+                continue;
             }
+            f.handles.store(0, Ordering::Release);
+            if map.get(&f.ino).is_some_and(|g| Arc::ptr_eq(g, f)) {
+                map.remove(&f.ino);
+            }
+            drop(map);
+            if f.unlinked.load(Ordering::Acquire) {
+                self.reclaim(f.ino);
+            }
+            return;
         }
     }
 
-    /// Commits an open file's buffered content durably.
-    fn commit_file(&self, g: &mut OpenFile) -> Result<()> {
-        if !g.changed || g.unlinked {
+    /// Deletes a file unlinked while open, at its last release.
+    fn reclaim(&self, ino: u64) {
+        let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+            let size = w.inode(ino)?.map_or(0, |i| i.size);
+            self.describe(
+                &mut w,
+                Caller::default(),
+                "reclaim",
+                ino,
+                |_| Vec::new(),
+                size,
+                0,
+            );
+            w.delete_inode(ino)?;
+            self.commit(w, Sync::Durable)
+        });
+        if let Err(e) = r {
+            tracing::error!(ino, error = %e, "could not reclaim an unlinked file; the next mount will");
+        }
+    }
+
+    /// Commits an open file's buffered content durably. Lock order: the content lock (held
+    /// by the caller) before the store's write lock.
+    fn commit_file(&self, f: &FileSlot, g: &mut OpenFile) -> Result<()> {
+        if !g.changed || f.unlinked.load(Ordering::Acquire) {
             return Ok(());
         }
         self.writable()?;
@@ -776,7 +789,7 @@ impl Fs {
         }
         let f = self.acquire(ino)?;
         if mode.truncate && mode.write {
-            let mut g = lock(&f);
+            let mut g = lock(&f.content);
             g.last_writer = caller;
             if g.size != 0
                 && let Err(e) = g.truncate(&self.store, 0, now_ns())
@@ -812,7 +825,7 @@ impl Fs {
         Ok(())
     }
 
-    fn handle(&self, fh: u64) -> Result<(Arc<Mutex<OpenFile>>, OpenMode)> {
+    fn handle(&self, fh: u64) -> Result<(Arc<FileSlot>, OpenMode)> {
         lock(&self.handles)
             .get(&fh)
             .map(|h| (h.file.clone(), h.mode))
@@ -821,7 +834,7 @@ impl Fs {
 
     pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         let (f, _) = self.handle(fh)?;
-        let g = lock(&f);
+        let g = lock(&f.content);
         g.read(&self.store, offset, len)
     }
 
@@ -831,7 +844,7 @@ impl Fs {
         if !mode.write {
             return Err(Error::BadHandle);
         }
-        let mut g = lock(&f);
+        let mut g = lock(&f.content);
         let offset = if mode.append { g.size } else { offset };
         let end = offset
             .checked_add(data.len() as u64)
@@ -851,8 +864,8 @@ impl Fs {
     /// close(2) of one descriptor: commits the file's buffered content durably.
     pub fn flush(&self, fh: u64) -> Result<()> {
         let (f, mode) = self.handle(fh)?;
-        let mut g = lock(&f);
-        self.commit_file(&mut g)?;
+        let mut g = lock(&f.content);
+        self.commit_file(&f, &mut g)?;
         drop(g);
         if mode.write {
             // A file created and closed without a write becomes durable here.
@@ -863,8 +876,8 @@ impl Fs {
 
     pub fn fsync(&self, fh: u64) -> Result<()> {
         let (f, _) = self.handle(fh)?;
-        let mut g = lock(&f);
-        self.commit_file(&mut g)?;
+        let mut g = lock(&f.content);
+        self.commit_file(&f, &mut g)?;
         drop(g);
         self.store.sync()?;
         Ok(())
@@ -885,15 +898,16 @@ impl Fs {
 
     /// Prepares the removal of a file's last name; see `Removal`.
     fn claim_removal(&self, ino: u64) -> Removal {
+        // Atomics only: this runs under the store's write lock, so it must never wait for a
+        // content lock (a commit holds that while it waits for the write lock).
         let mut map = lock(&self.files);
         if let Some(f) = map.get(&ino) {
             let f = f.clone();
-            lock(&f).unlinked = true;
+            f.unlinked.store(true, Ordering::Release);
             Removal::Open(f)
         } else {
-            let mut placeholder = OpenFile::new(ino, 0);
-            placeholder.unlinked = true;
-            let f = Arc::new(Mutex::new(placeholder));
+            let f = Arc::new(FileSlot::new(ino, 0));
+            f.unlinked.store(true, Ordering::Release);
             map.insert(ino, f.clone());
             Removal::Closed(f)
         }
@@ -918,13 +932,13 @@ impl Fs {
         match removal {
             Removal::Open(f) => {
                 if !committed {
-                    lock(&f).unlinked = false;
+                    f.unlinked.store(false, Ordering::Release);
                 }
             }
             Removal::Closed(f) => {
                 let mut map = lock(&self.files);
-                if map.get(&lock(&f).ino).is_some_and(|g| Arc::ptr_eq(g, &f)) {
-                    map.remove(&lock(&f).ino);
+                if map.get(&f.ino).is_some_and(|g| Arc::ptr_eq(g, &f)) {
+                    map.remove(&f.ino);
                 }
             }
         }
@@ -1270,7 +1284,10 @@ impl Fs {
     /// Open handles and buffered bytes, for status.
     pub fn open_counts(&self) -> (usize, usize) {
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
-        let buffered = files.iter().map(|f| lock(f).buffered_bytes()).sum();
+        let buffered = files
+            .iter()
+            .map(|f| lock(&f.content).buffered_bytes())
+            .sum();
         (lock(&self.handles).len(), buffered)
     }
 
@@ -1278,8 +1295,8 @@ impl Fs {
     pub fn flush_all(&self) {
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
         for f in files {
-            let mut g = lock(&f);
-            if let Err(e) = self.commit_file(&mut g) {
+            let mut g = lock(&f.content);
+            if let Err(e) = self.commit_file(&f, &mut g) {
                 tracing::error!(ino = g.ino, error = %e, "content could not be committed at unmount");
             }
         }
