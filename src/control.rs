@@ -29,7 +29,8 @@ pub fn socket_path(store: &Path) -> PathBuf {
 
 /// What the daemon serves the socket with.
 pub struct Daemon {
-    pub fs: Arc<Fs>,
+    /// The filesystem, until the daemon shuts down and takes it back to close the store.
+    fs: std::sync::RwLock<Option<Arc<Fs>>>,
     pub mountpoint: PathBuf,
     pub store: PathBuf,
     /// Called for an unmount request; returns a message on failure.
@@ -37,9 +38,40 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    pub fn new(
+        fs: Arc<Fs>,
+        mountpoint: PathBuf,
+        store: PathBuf,
+        unmount: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+    ) -> Daemon {
+        Daemon {
+            fs: std::sync::RwLock::new(Some(fs)),
+            mountpoint,
+            store,
+            unmount,
+        }
+    }
+
+    /// Takes the filesystem back at shutdown; later requests are refused.
+    pub fn take_fs(&self) -> Option<Arc<Fs>> {
+        self.fs.write().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn fs(&self) -> Result<Arc<Fs>, String> {
+        self.fs
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| "the daemon is shutting down".to_string())
+    }
+
     fn status(&self) -> Value {
-        let usage = self.fs.store().read().and_then(|r| r.usage());
-        let (handles, buffered) = self.fs.open_counts();
+        let fs = match self.fs() {
+            Ok(fs) => fs,
+            Err(e) => return json!({"ok": false, "error": e}),
+        };
+        let usage = fs.store().read().and_then(|r| r.usage());
+        let (handles, buffered) = fs.open_counts();
         match usage {
             Ok(u) => json!({
                 "ok": true,
@@ -50,23 +82,21 @@ impl Daemon {
                 "files": u.files,
                 "dirs": u.dirs,
                 "content_bytes": u.content_bytes,
-                "store_bytes": self.fs.store().file_bytes(),
+                "store_bytes": fs.store().file_bytes(),
                 "open_handles": handles,
                 "buffered_bytes": buffered,
-                "poisoned": self.fs.is_poisoned(),
-                "limits": self.fs.limits(),
+                "poisoned": fs.is_poisoned(),
+                "limits": fs.limits(),
             }),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         }
     }
 
     fn query(&self, req: &Value) -> Value {
-        let answer = self
-            .fs
-            .store()
-            .read()
-            .map_err(|e| e.to_string())
-            .and_then(|r| tools::query(&r, self.fs.store().file_bytes(), req));
+        let answer = self.fs().and_then(|fs| {
+            let r = fs.store().read().map_err(|e| e.to_string())?;
+            tools::query(&r, fs.store().file_bytes(), req)
+        });
         reply(answer)
     }
 
@@ -75,13 +105,10 @@ impl Daemon {
         let Some(out) = req.get("out").and_then(Value::as_str) else {
             return json!({"ok": false, "error": "snapshot needs \"out\""});
         };
-        let answer = self
-            .fs
-            .store()
-            .read()
-            .map_err(|e| e.to_string())
-            .and_then(|r| tools::snapshot(&r, Path::new(out)))
-            .map(|info| json!({"snapshot": info}));
+        let answer = self.fs().and_then(|fs| {
+            let r = fs.store().read().map_err(|e| e.to_string())?;
+            tools::snapshot(&r, Path::new(out)).map(|info| json!({"snapshot": info}))
+        });
         reply(answer)
     }
 
@@ -91,14 +118,10 @@ impl Daemon {
         };
         let into = req.get("into").and_then(Value::as_str).unwrap_or("/");
         let strict = req.get("strict").and_then(Value::as_bool).unwrap_or(false);
-        let answer = tools::import(
-            self.fs.store(),
-            self.fs.limits(),
-            Path::new(dir),
-            into,
-            strict,
-        )
-        .map(|report| json!({"import": report}));
+        let answer = self.fs().and_then(|fs| {
+            tools::import(fs.store(), fs.limits(), Path::new(dir), into, strict)
+                .map(|report| json!({"import": report}))
+        });
         reply(answer)
     }
 
@@ -112,7 +135,7 @@ impl Daemon {
             Some("snapshot") => self.snapshot(req),
             Some("import") => self.import(req),
             Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at") => {
-                reply(tools::history_change(&self.fs, req))
+                reply(self.fs().and_then(|fs| tools::history_change(&fs, req)))
             }
             Some(_) => self.query(req),
             None => json!({"ok": false, "error": "a request needs an \"op\""}),

@@ -350,8 +350,15 @@ impl Filesystem for FuseFs {
             .fs
             .open(caller(req), ino.0, OpenMode::from_flags(flags.0))
         {
-            // Every change goes through this mount, so the page cache stays true across opens.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            // Every change goes through this mount, so the page cache stays true across opens;
+            // a read-only handle has nothing to commit at close, so the kernel skips its FLUSH.
+            Ok(fh) => {
+                let mut open_flags = FopenFlags::FOPEN_KEEP_CACHE;
+                if flags.0 & libc::O_ACCMODE == libc::O_RDONLY && flags.0 & libc::O_TRUNC == 0 {
+                    open_flags |= FopenFlags::FOPEN_NOFLUSH;
+                }
+                reply.opened(FileHandle(fh), open_flags)
+            }
             Err(e) => reply.error(self.fail("open", ino.0, None, &e)),
         }
     }

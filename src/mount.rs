@@ -422,13 +422,13 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
     sigs.thread_block().map_err(|e| format!("sigmask: {e}"))?;
 
     let unmount_mp = mp.clone();
-    let daemon = Arc::new(Daemon {
-        fs: fs.clone(),
-        mountpoint: mp.clone(),
-        store: store_path.clone(),
-        unmount: Box::new(move || kernel_unmount(&unmount_mp)),
-    });
-    let socket = control::listen(daemon).map_err(|e| format!("control socket: {e}"))?;
+    let daemon = Arc::new(Daemon::new(
+        fs.clone(),
+        mp.clone(),
+        store_path.clone(),
+        Box::new(move || kernel_unmount(&unmount_mp)),
+    ));
+    let socket = control::listen(daemon.clone()).map_err(|e| format!("control socket: {e}"))?;
 
     let signal_mp = mp.clone();
     std::thread::Builder::new()
@@ -463,9 +463,29 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
     // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
     fs.flush_all();
     let _ = std::fs::remove_file(&socket);
+    drop(daemon.take_fs());
+    close_store(fs);
     served.map_err(|e| format!("serving the mount failed: {e}"))?;
     tracing::info!("unmounted; store closed");
     Ok(())
+}
+
+/// Drops the last reference to the filesystem so redb closes the file cleanly; otherwise the
+/// next open must verify every page as after a crash. Waits for control requests in flight.
+fn close_store(mut fs: Arc<Fs>) {
+    for _ in 0..6000 {
+        match Arc::try_unwrap(fs) {
+            Ok(fs) => {
+                drop(fs);
+                return;
+            }
+            Err(still_shared) => fs = still_shared,
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    tracing::warn!(
+        "a control request still holds the store; it will be recovered at the next mount"
+    );
 }
 
 impl MountRequest {

@@ -186,6 +186,13 @@ impl Fs {
             poisoned: AtomicBool::new(false),
             invalidator: Mutex::new(None),
         };
+        fs.reclaim_orphans()?;
+        Ok(fs)
+    }
+
+    /// Deletes the files a crash left unlinked but open.
+    fn reclaim_orphans(&self) -> Result<()> {
+        let fs = self;
         let mut w = fs.store.write()?;
         let orphans = w.orphans()?;
         if !orphans.is_empty() {
@@ -207,7 +214,7 @@ impl Fs {
                 "reclaimed files unlinked while open before a crash"
             );
         }
-        Ok(fs)
+        Ok(())
     }
 
     pub fn store(&self) -> &Store {

@@ -92,6 +92,10 @@ const META_DIRS: &str = "dirs";
 const META_CONTENT_BYTES: &str = "content_bytes";
 const META_LAST_COMMIT: &str = "last_commit";
 
+/// redb's page cache. Directory entries and inode records of a 100,000-file store fit; file
+/// content is also cached by the kernel's page cache above the mount.
+const CACHE_BYTES: usize = 32 * 1024 * 1024;
+
 /// An open store file.
 pub struct Store {
     db: Database,
@@ -103,6 +107,11 @@ pub struct Store {
     synced: Mutex<u64>,
     /// History retention in ns; 0 = history off.
     keep_history_ns: AtomicU64,
+    /// Write transactions open or waiting to open. A durable commit that is alone commits
+    /// with its own fsync; with company it joins a shared sync (group commit).
+    writers: AtomicU64,
+    /// Process names by pid, for history records (read from /proc once per burst).
+    comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
 }
 
 impl Store {
@@ -110,21 +119,35 @@ impl Store {
     /// `root_owner`) when the file does not exist.
     pub fn open_or_create(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
         let exists = path.exists();
+        let mut builder = Database::builder();
+        // Bounds the daemon's memory: the store's hot pages, not the whole file.
+        builder.set_cache_size(CACHE_BYTES);
+        let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = repaired.clone();
+        builder.set_repair_callback(move |_| flag.store(true, Ordering::Relaxed));
         let db = if exists {
-            Database::open(path)
+            builder.open(path)
         } else {
-            Database::create(path)
+            builder.create(path)
         }
         .map_err(|e| match map_err(e) {
             StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
             other => other,
         })?;
+        if repaired.load(Ordering::Relaxed) {
+            tracing::warn!(
+                store = %path.display(),
+                "the store was not closed cleanly (a crash or a kill): redb verified it and rolled back to its last durable commit"
+            );
+        }
         let store = Store {
             db,
             path: path.to_path_buf(),
             commits: AtomicU64::new(0),
             synced: Mutex::new(0),
             keep_history_ns: AtomicU64::new(0),
+            writers: AtomicU64::new(0),
+            comms: Mutex::new(HashMap::new()),
         };
         store.init_or_verify(root_owner)?;
         Ok(store)
@@ -219,9 +242,18 @@ impl Store {
 
     /// Begins a write transaction, waiting for any other writer to finish.
     pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
+        self.writers.fetch_add(1, Ordering::AcqRel);
+        let tx = match self.db.begin_write() {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.writers.fetch_sub(1, Ordering::AcqRel);
+                return Err(map_err(e));
+            }
+        };
         Ok(WriteTxn {
-            tx: self.db.begin_write().map_err(map_err)?,
+            tx,
             store: self,
+            writer: Some(WriterGuard(&self.writers)),
             usage: UsageDelta::default(),
             capture: self.history_on().then(Capture::default),
             info: None,
@@ -241,6 +273,25 @@ impl Store {
         w.commit(Sync::Durable)?;
         self.keep_history_ns.store(keep_ns, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The name of process `pid`, cached for a second (a burst of commits from one process
+    /// reads /proc once).
+    fn process_name(&self, pid: u32) -> String {
+        let mut cache = self.comms.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((name, at)) = cache.get(&pid)
+            && at.elapsed() < std::time::Duration::from_secs(1)
+        {
+            return name.clone();
+        }
+        if cache.len() > 1024 {
+            cache.clear();
+        }
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        cache.insert(pid, (name.clone(), std::time::Instant::now()));
+        name
     }
 
     /// Makes every commit so far durable.
@@ -721,6 +772,15 @@ struct UsageDelta {
     content_bytes: i64,
 }
 
+/// One writer counted in `Store::writers`.
+struct WriterGuard<'s>(&'s AtomicU64);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// What the operation being committed was and who did it, for its history record.
 #[derive(Clone, Debug, Default)]
 pub struct OpInfo {
@@ -749,15 +809,11 @@ struct Capture {
 pub struct WriteTxn<'s> {
     tx: redb::WriteTransaction,
     store: &'s Store,
+    /// Counts this transaction among the store's writers until it commits or is dropped.
+    writer: Option<WriterGuard<'s>>,
     usage: UsageDelta,
     capture: Option<Capture>,
     info: Option<OpInfo>,
-}
-
-fn process_name(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim_end().to_string())
-        .unwrap_or_default()
 }
 
 impl WriteTxn<'_> {
@@ -1248,7 +1304,7 @@ impl WriteTxn<'_> {
                 gid: info.gid,
                 pid: info.pid,
                 comm: if info.pid != 0 {
-                    process_name(info.pid)
+                    self.store.process_name(info.pid)
                 } else {
                     String::new()
                 },
@@ -1280,6 +1336,7 @@ impl WriteTxn<'_> {
         // order and a sync that begins later covers every number handed out before it.
         let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
         if sync == Sync::Durable
+            && store.writers.load(Ordering::Acquire) == 1
             && let Ok(mut synced) = store.synced.try_lock()
         {
             // Nobody is syncing: this commit is its own fsync, and covers everything before it.
@@ -1287,6 +1344,7 @@ impl WriteTxn<'_> {
                 .set_durability(redb::Durability::Immediate)
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             self.tx.commit().map_err(map_err)?;
+            drop(self.writer.take());
             *synced = (*synced).max(seq);
             return Ok(());
         }
@@ -1296,6 +1354,7 @@ impl WriteTxn<'_> {
             .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         self.tx.commit().map_err(map_err)?;
+        drop(self.writer.take());
         match sync {
             Sync::Durable => store.sync_to(seq),
             Sync::Deferred => Ok(()),
