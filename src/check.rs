@@ -73,7 +73,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
                 _ => {}
             }
         }
-        if i.kind == Kind::Dir {
+        if i.kind == Kind::Dir && !orphans.contains(ino) {
             let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
             if i.nlink != want {
                 findings.push(format!(

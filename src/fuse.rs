@@ -88,13 +88,6 @@ fn system_time(ns: i64) -> SystemTime {
     }
 }
 
-fn time_ns(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i64,
-        Err(e) => -(e.duration().as_nanos() as i64),
-    }
-}
-
 fn file_type(k: Kind) -> FileType {
     match k {
         Kind::File => FileType::RegularFile,
@@ -142,7 +135,20 @@ fn caller(req: &Request) -> Caller {
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(t) => TimeSet::At(time_ns(t)),
+        TimeOrNow::SpecificTime(t) => TimeSet::At(kernel_time_ns(t)),
+    }
+}
+
+/// A time the kernel sent, in ns since the epoch. fuser 0.18 turns the kernel's (seconds,
+/// nanoseconds) of a time before 1970 into epoch - (|seconds| s + nanoseconds ns), where the
+/// true time is epoch - |seconds| s + nanoseconds ns; this undoes that.
+fn kernel_time_ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => {
+            let d = e.duration();
+            -(d.as_secs() as i64) * 1_000_000_000 + i64::from(d.subsec_nanos())
+        }
     }
 }
 
@@ -643,12 +649,8 @@ impl Filesystem for FuseFs {
         _m: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(self.fail(
-            "fallocate",
-            ino.0,
-            None,
-            &Error::Invalid("fallocate is not supported"),
-        ));
+        // EOPNOTSUPP: posix_fallocate then falls back to writing zeros.
+        reply.error(self.fail("fallocate", ino.0, None, &Error::Unsupported("fallocate")));
     }
 }
 

@@ -29,6 +29,8 @@ pub enum Error {
     NotPermitted(&'static str),
     /// Extended attributes are not stored.
     XattrUnsupported,
+    /// An operation the store does not offer (fallocate).
+    Unsupported(&'static str),
     /// A request that makes no sense for its target (a directory into its own subtree, ...).
     Invalid(&'static str),
     /// A file handle the daemon does not know.
@@ -67,6 +69,8 @@ impl Error {
             Error::NotPermitted(_) => libc::EPERM,
             // ENOTSUP, not ENOSYS: cp -a and tar treat it as "no xattrs here" and carry on.
             Error::XattrUnsupported => libc::ENOTSUP,
+            // EOPNOTSUPP makes glibc's posix_fallocate fall back to writing zeros.
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::Invalid(_) => libc::EINVAL,
             Error::BadHandle => libc::EBADF,
             Error::FileTooBig { .. } => libc::EFBIG,
@@ -118,6 +122,7 @@ impl fmt::Display for Error {
                 )
             }
             Error::XattrUnsupported => write!(f, "extended attributes are not supported"),
+            Error::Unsupported(what) => write!(f, "{what} is not supported"),
             Error::Invalid(why) => write!(f, "{why}"),
             Error::BadHandle => write!(f, "unknown file handle"),
             Error::FileTooBig { limit } => write!(f, "file would exceed --max-file-bytes {limit}"),

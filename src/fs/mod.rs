@@ -795,7 +795,8 @@ impl Fs {
             self.writable()?;
         }
         let f = self.acquire(ino)?;
-        if mode.truncate && mode.write {
+        // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
+        if mode.truncate {
             let mut g = lock(&f.content);
             g.last_writer = caller;
             if g.size != 0
@@ -1007,13 +1008,27 @@ impl Fs {
             0,
         );
         w.remove_dirent(parent, name.as_str())?;
-        w.delete_inode(ino)?;
+        self.remove_dir_inode(&mut w, ino)?;
         let now = now_ns();
         p.nlink -= 1;
         p.mtime = now;
         p.ctime = now;
         w.put_inode(&p)?;
         self.commit(w, Sync::Durable)
+    }
+
+    /// Removes an empty directory's inode; one still open through a descriptor becomes an
+    /// orphan (nlink 0, as on ext4) until its last releasedir.
+    fn remove_dir_inode(&self, w: &mut WriteTxn<'_>, ino: u64) -> Result<()> {
+        let open = lock(&self.dirs).values().any(|d| d.ino == ino);
+        if !open {
+            return Ok(w.delete_inode(ino)?);
+        }
+        let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
+        inode.nlink = 0;
+        inode.ctime = now_ns();
+        w.put_inode(&inode)?;
+        Ok(w.add_orphan(ino)?)
     }
 
     // ---- rename ----
@@ -1112,7 +1127,7 @@ impl Fs {
             if let Some((d, dk)) = dst {
                 match &removal {
                     Some((_, r)) => Self::stage_removal(&mut w, d, r)?,
-                    None => w.delete_inode(d)?,
+                    None => self.remove_dir_inode(&mut w, d)?,
                 }
                 if dk == Kind::Dir {
                     let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
@@ -1255,10 +1270,24 @@ impl Fs {
     }
 
     pub fn releasedir(&self, fh: u64) -> Result<()> {
-        lock(&self.dirs)
-            .remove(&fh)
-            .map(|_| ())
-            .ok_or(Error::BadHandle)
+        let ino = {
+            let mut dirs = lock(&self.dirs);
+            let d = dirs.remove(&fh).ok_or(Error::BadHandle)?;
+            if dirs.values().any(|o| o.ino == d.ino) {
+                return Ok(());
+            }
+            d.ino
+        };
+        // The last descriptor of a removed directory: its inode goes now.
+        if self.store.read()?.inode(ino)?.is_some_and(|i| i.nlink == 0) {
+            self.writable()?;
+            let mut w = self.store.write()?;
+            if w.inode(ino)?.is_some_and(|i| i.nlink == 0) {
+                w.delete_inode(ino)?;
+                self.commit(w, Sync::Durable)?;
+            }
+        }
+        Ok(())
     }
 
     // ---- the whole store ----
