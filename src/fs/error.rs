@@ -79,7 +79,7 @@ impl Error {
             Error::TooManyFiles { .. } => libc::ENOSPC,
             Error::History(_) => libc::EINVAL,
             Error::Poisoned => libc::EIO,
-            Error::Store(StoreError::Full) => libc::ENOSPC,
+            Error::Store(StoreError::Full | StoreError::NoRoom) => libc::ENOSPC,
             Error::Store(_) => libc::EIO,
         }
     }

@@ -239,8 +239,24 @@ impl Fs {
 
     fn commit(&self, w: WriteTxn<'_>, sync: Sync) -> Result<()> {
         match w.commit(sync) {
-            Ok(()) => Ok(()),
-            Err(StoreError::Full) => Err(Error::Store(StoreError::Full)),
+            Ok(()) => {
+                if self.store.history_on()
+                    && self.store.disk_nearly_full()
+                    && let Err(e) = self.store.shed_history()
+                {
+                    tracing::warn!(error = %e, "could not drop history to make room");
+                }
+                Ok(())
+            }
+            Err(StoreError::NoRoom) => {
+                // Nothing was written. History gives way to current content.
+                if self.store.history_on()
+                    && let Err(e) = self.store.shed_history()
+                {
+                    tracing::warn!(error = %e, "could not drop history to make room");
+                }
+                Err(Error::Store(StoreError::NoRoom))
+            }
             Err(e) => {
                 if !self.poisoned.swap(true, Ordering::AcqRel) {
                     tracing::error!(error = %e, "commit failed: the store now refuses writes; restart the daemon (redbfs unmount, then mount)");

@@ -26,8 +26,12 @@ pub enum StoreError {
     UnknownFormat { path: PathBuf, found: u32 },
     /// The file is not a redbfs store, or a record in it does not decode.
     Corrupt(String),
-    /// The disk (or the filesystem under the store file) is full.
+    /// The disk (or the filesystem under the store file) filled up during a commit; redb
+    /// refuses writes until the store is opened again.
     Full,
+    /// Refused before committing: the disk has too little room left for this transaction.
+    /// Nothing was written; the store stays usable.
+    NoRoom,
     /// Any other failure of the storage engine or the disk under it.
     Io(String),
 }
@@ -47,7 +51,11 @@ impl std::fmt::Display for StoreError {
                 path.display()
             ),
             StoreError::Corrupt(m) => write!(f, "the store is damaged: {m}; run `redbfs check`"),
-            StoreError::Full => write!(f, "no space left on the disk that holds the store"),
+            StoreError::Full => write!(
+                f,
+                "the disk that holds the store filled up during a commit; restart the daemon once there is room"
+            ),
+            StoreError::NoRoom => write!(f, "no space left on the disk that holds the store"),
             StoreError::Io(m) => write!(f, "store I/O error: {m}"),
         }
     }
@@ -91,6 +99,15 @@ const META_FILES: &str = "files";
 const META_DIRS: &str = "dirs";
 const META_CONTENT_BYTES: &str = "content_bytes";
 const META_LAST_COMMIT: &str = "last_commit";
+
+/// Below this much free disk, history is dropped after each commit: current content first.
+const SHED_HISTORY_BELOW: u64 = 4 * 1024 * 1024;
+/// Room a content commit leaves on the disk, so removals can still commit.
+const ROOM_RESERVE: u64 = 1024 * 1024;
+/// Room a commit without content needs (copy-on-write of a few tree pages).
+const ROOM_FOR_METADATA: u64 = 128 * 1024;
+/// Above this much free disk the exact check is skipped.
+const ROOM_CHECK_ABOVE: u64 = 64 * 1024 * 1024;
 
 /// redb's page cache. Directory entries and inode records of a 100,000-file store fit; file
 /// content is also cached by the kernel's page cache above the mount.
@@ -257,6 +274,7 @@ impl Store {
             usage: UsageDelta::default(),
             capture: self.history_on().then(Capture::default),
             info: None,
+            written: 0,
         })
     }
 
@@ -292,6 +310,34 @@ impl Store {
             .unwrap_or_default();
         cache.insert(pid, (name.clone(), std::time::Instant::now()));
         name
+    }
+
+    /// Drops every history record to make room on a full disk: current content comes first.
+    pub fn shed_history(&self) -> Result<(), StoreError> {
+        if self.read()?.first_seq()?.is_none() {
+            return Ok(());
+        }
+        let mut w = self.write()?;
+        w.without_history();
+        let n = w.history_after(0)?.len();
+        if n == 0 {
+            return Ok(());
+        }
+        w.truncate_history_after(0)?;
+        // Removal only: it fits in the reserve that content commits leave. redb hands the
+        // freed pages out again after the next commit, so one more follows.
+        w.commit(Sync::Durable)?;
+        self.write()?.commit(Sync::Durable)?;
+        tracing::warn!(
+            records = n,
+            "the disk is full: dropped the store's history to make room"
+        );
+        Ok(())
+    }
+
+    /// Whether the disk under the store is nearly full, so history should give way.
+    pub fn disk_nearly_full(&self) -> bool {
+        disk_available(&self.path) < SHED_HISTORY_BELOW
     }
 
     /// Makes every commit so far durable.
@@ -814,6 +860,8 @@ pub struct WriteTxn<'s> {
     usage: UsageDelta,
     capture: Option<Capture>,
     info: Option<OpInfo>,
+    /// Content bytes this transaction adds, for the free-space check at commit.
+    written: u64,
 }
 
 impl WriteTxn<'_> {
@@ -1055,6 +1103,7 @@ impl WriteTxn<'_> {
     /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
     /// (or kept by history).
     pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.written += data.len() as u64;
         let blob = self.next_counter(META_NEXT_BLOB)?;
         self.tx
             .open_table(BLOBS)
@@ -1281,9 +1330,39 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
+    /// Whether the disk lacks room for this transaction. A write that fails for lack of
+    /// space inside redb leaves it refusing every write until reopened, so a transaction that
+    /// might not fit is refused before it commits. Content keeps a reserve back, so removals
+    /// (which make room) still fit on a disk that refused content.
+    fn lacks_room(&self) -> Result<bool, StoreError> {
+        let need = if self.written > 0 {
+            self.written.saturating_mul(2) + ROOM_RESERVE
+        } else {
+            ROOM_FOR_METADATA
+        };
+        let free = disk_available(&self.store.path);
+        if free >= need.saturating_add(ROOM_CHECK_ABOVE) {
+            return Ok(false);
+        }
+        // Close to full: count the free pages inside the file too.
+        let stats = self.tx.stats().map_err(map_err)?;
+        let used = stats.allocated_pages() * stats.page_size() as u64;
+        // Pages of the file that are backed by disk blocks but free; redb grows the file sparse,
+        // so its length overstates them.
+        let backed = std::fs::metadata(&self.store.path).map_or(0, |m| {
+            use std::os::unix::fs::MetadataExt;
+            m.blocks() * 512
+        });
+        let inside = backed.saturating_sub(used);
+        Ok(free + inside < need)
+    }
+
     /// Commits everything written in this transaction, with its history record.
     pub fn commit(mut self, sync: Sync) -> Result<(), StoreError> {
         let now = now_ns();
+        if self.lacks_room()? {
+            return Err(StoreError::NoRoom);
+        }
         if let Some(c) = self.capture.take()
             && !c.undo.is_empty()
         {
