@@ -112,6 +112,23 @@ impl Daemon {
         reply(answer)
     }
 
+    /// Test-only: arms an injected I/O fault (see `store::fault`).
+    fn fault(&self, req: &Value) -> Value {
+        let on = match req.get("on").and_then(Value::as_str) {
+            Some("write") => crate::store::fault::FaultOn::Write,
+            Some("sync") => crate::store::fault::FaultOn::Sync,
+            _ => return json!({"ok": false, "error": "fault needs \"on\": \"write\" or \"sync\""}),
+        };
+        let nth = req.get("nth").and_then(Value::as_u64).unwrap_or(1);
+        let answer = self.fs().and_then(|fs| {
+            fs.store()
+                .inject_fault(on, nth)
+                .map(|()| json!({}))
+                .map_err(|e| e.to_string())
+        });
+        reply(answer)
+    }
+
     fn import(&self, req: &Value) -> Value {
         let Some(dir) = req.get("dir").and_then(Value::as_str) else {
             return json!({"ok": false, "error": "import needs \"dir\""});
@@ -133,6 +150,7 @@ impl Daemon {
                 Err(e) => json!({"ok": false, "error": e}),
             },
             Some("snapshot") => self.snapshot(req),
+            Some("fault") => self.fault(req),
             Some("import") => self.import(req),
             Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at") => {
                 reply(self.fs().and_then(|fs| tools::history_change(&fs, req)))

@@ -71,27 +71,7 @@ fn info(path: String, i: &Inode) -> EntryInfo {
     }
 }
 
-/// The inode at `path` ("/", "/memories/notes.md" or "memories/notes.md"), and the path in
-/// canonical form.
-pub fn lookup_path(r: &ReadTxn, path: &str) -> Result<(Inode, String)> {
-    let mut ino = ROOT_INO;
-    let mut canon = String::from("/");
-    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
-        let name =
-            Name::parse(part.as_bytes(), Default::default()).map_err(|e| format!("{path}: {e}"))?;
-        let (child, _) = r
-            .lookup(ino, name.as_str())
-            .map_err(err)?
-            .ok_or_else(|| format!("{path}: no such file or directory in the store"))?;
-        ino = child;
-        canon = join(&canon, name.as_str());
-    }
-    let inode = r
-        .inode(ino)
-        .map_err(err)?
-        .ok_or_else(|| format!("{path}: missing inode {ino}"))?;
-    Ok((inode, canon))
-}
+pub use crate::fs::resolve_path as lookup_path;
 
 /// `ls`: a directory's entries, or the file itself.
 pub fn ls(r: &ReadTxn, path: &str) -> Result<Vec<EntryInfo>> {
@@ -1025,58 +1005,20 @@ pub fn resolve_point(r: &ReadTxn, spec: &str) -> Result<u64> {
     Ok(0)
 }
 
-/// Runs `f` on the store as it was at `seq`, from a scratch copy in a temporary directory.
+/// Runs `f` on the store as it was at `seq` (see `ReadTxn::at_point`).
 pub fn at_point<T>(r: &ReadTxn, seq: u64, f: impl FnOnce(&ReadTxn) -> Result<T>) -> Result<T> {
-    let dir = tempfile::Builder::new()
-        .prefix("redbfs-at-")
-        .tempdir()
-        .map_err(err)?;
-    let path = dir.path().join("at.redb");
-    r.materialize_at(seq, &path).map_err(err)?;
-    let s = Store::open_existing(&path).map_err(err)?;
-    let r = s.read().map_err(err)?;
-    f(&r)
+    r.at_point(seq, f)
 }
 
 /// `log`: history records, newest first, for the whole store or for `path` (following it
-/// back through renames of it or of a directory above it), no older than `since_ns`.
+/// back through renames), no older than `since_ns`.
 pub fn log(
     r: &ReadTxn,
     path: Option<&str>,
     since_ns: Option<i64>,
     limit: usize,
 ) -> Result<Vec<HistoryRecord>> {
-    let mut tracked = path.map(|p| {
-        let p = format!("/{}", p.trim_matches('/'));
-        if p == "/" {
-            p
-        } else {
-            p.trim_end_matches('/').to_string()
-        }
-    });
-    let mut out = Vec::new();
-    let within =
-        |p: &str, base: &str| base == "/" || p == base || p.starts_with(&format!("{base}/"));
-    for rec in r.history(0..=u64::MAX).map_err(err)? {
-        if since_ns.is_some_and(|s| rec.time < s) || out.len() >= limit {
-            break;
-        }
-        let keep = match &tracked {
-            None => true,
-            Some(t) => rec.paths.iter().any(|p| within(p, t) || within(t, p)),
-        };
-        if let (Some(t), true) = (&mut tracked, rec.op == "rename" || rec.op == "exchange")
-            && let [from, to] = rec.paths.as_slice()
-            && within(t, to)
-        {
-            // Older records knew the tracked path under its name before the rename.
-            *t = format!("{from}{}", &t[to.len()..]);
-        }
-        if keep {
-            out.push(rec);
-        }
-    }
-    Ok(out)
+    r.history_of(path, since_ns, limit).map_err(err)
 }
 
 /// `show`: a file's content at a point.

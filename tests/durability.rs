@@ -10,8 +10,9 @@
 //!   readers walking the tree like the SDK's view, for REDBFS_SOAK_SECS (default 60): no
 //!   deadlock, no panic, no request slower than 2 s, and the final tree equals the model built
 //!   from the acknowledged operations.
-//! - `io_fault_on_sync` / `io_fault_on_write` (item 5, `#[ignore]`d): need a fault-injection
-//!   hook in the daemon, specified above `io_fault` and in tests/crash/README.md.
+//! - `io_fault_on_sync` / `io_fault_on_write` (item 5): the daemon's fault-injection backend
+//!   fails the next write or sync; the store poisons itself, and a restart finds everything
+//!   committed before the fault intact.
 //!
 //! Run: `cargo test --test durability`; a longer soak:
 //! `REDBFS_SOAK_SECS=600 cargo test --test durability concurrency_soak -- --nocapture`.
@@ -850,13 +851,13 @@ fn concurrency_soak() {
 // ---------------------------------------------------------------------------------------------
 // I/O errors (issue 3, item 5)
 //
-// Needs a test-only hook in the daemon, not built yet: with REDBFS_FAULT_INJECTION=1 in the
+// Uses the daemon's test-only hook (src/store/fault.rs): with REDBFS_FAULT_INJECTION=1 in the
 // environment of `redbfs mount`, the store is opened over a StorageBackend wrapping redb's
 // FileBackend, and the control socket takes
 //     {"op": "fault", "on": "write" | "sync", "nth": N}
 // after which the N-th call (1 = the next one) to the backend's `write` or `sync_data` fails
 // once with EIO; the answer is {"ok": true}. Without the variable the op is refused.
-// Run with `cargo test --test durability io_fault -- --ignored` once the hook exists.
+// Run with `cargo test --test durability io_fault`.
 
 fn control(store: &Path, req: Value) -> Result<Value, String> {
     use std::io::{BufRead, BufReader};
@@ -965,7 +966,6 @@ fn io_fault(on: &str, nth: u64) {
 }
 
 #[test]
-#[ignore = "needs the daemon's fault-injection hook (REDBFS_FAULT_INJECTION, control op \"fault\")"]
 fn io_fault_on_sync() {
     if fuse_available() {
         io_fault("sync", 1);
@@ -973,7 +973,6 @@ fn io_fault_on_sync() {
 }
 
 #[test]
-#[ignore = "needs the daemon's fault-injection hook (REDBFS_FAULT_INJECTION, control op \"fault\")"]
 fn io_fault_on_write() {
     if fuse_available() {
         io_fault("write", 1);

@@ -285,17 +285,18 @@ impl Fs {
         self.writable()?;
         self.flush_all();
         let r = self.store().read()?;
-        let records = crate::tools::log(&r, Some(path), None, usize::MAX).map_err(invalid)?;
+        let records = r.history_of(Some(path), None, usize::MAX)?;
         let mut blobs: Vec<u64> = match at {
-            Some(seq) => crate::tools::at_point(&r, seq, |t| {
-                let (inode, _) = crate::tools::lookup_path(t, path)?;
-                Ok(t.filemap_of(inode.ino)
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .map(|(_, b)| b)
-                    .collect())
-            })
-            .map_err(invalid)?,
+            Some(seq) => r
+                .at_point(seq, |t| {
+                    let (inode, _) = super::resolve_path(t, path)?;
+                    Ok(t.filemap_of(inode.ino)
+                        .map_err(|e| e.to_string())?
+                        .into_iter()
+                        .map(|(_, b)| b)
+                        .collect())
+                })
+                .map_err(invalid)?,
             None => records
                 .iter()
                 .flat_map(|rec| &rec.undo)
@@ -306,7 +307,7 @@ impl Fs {
                 .collect(),
         };
         // The current content is not history.
-        if let Ok((now, _)) = crate::tools::lookup_path(&r, path) {
+        if let Ok((now, _)) = super::resolve_path(&r, path) {
             let current: std::collections::HashSet<u64> =
                 r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
             blobs.retain(|b| !current.contains(b));

@@ -28,6 +28,39 @@ use content::{FileSlot, OpenFile};
 pub use error::{Error, Result};
 pub use name::{Name, NameError, NameRules};
 
+/// The inode at `path` ("/", "/memories/notes.md" or "memories/notes.md") as `r` sees it, and
+/// the path in canonical (NFC) form.
+pub fn resolve_path(
+    r: &store::ReadTxn,
+    path: &str,
+) -> std::result::Result<(Inode, String), String> {
+    let mut ino = ROOT_INO;
+    let mut canon = String::new();
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        let name =
+            Name::parse(part.as_bytes(), NameRules::Linux).map_err(|e| format!("{path}: {e}"))?;
+        let (child, _) = r
+            .lookup(ino, name.as_str())
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{path}: no such file or directory in the store"))?;
+        ino = child;
+        canon.push('/');
+        canon.push_str(name.as_str());
+    }
+    let inode = r
+        .inode(ino)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{path}: missing inode {ino}"))?;
+    Ok((
+        inode,
+        if canon.is_empty() {
+            "/".to_string()
+        } else {
+            canon
+        },
+    ))
+}
+
 /// Limits set at mount and kept in the store, so a restart keeps them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {

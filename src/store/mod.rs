@@ -5,6 +5,7 @@
 //! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
 //! directory counts) change in the same transaction as the records they count.
 
+pub mod fault;
 pub mod schema;
 
 use std::collections::HashMap;
@@ -116,6 +117,8 @@ const CACHE_BYTES: usize = 32 * 1024 * 1024;
 /// An open store file.
 pub struct Store {
     db: Database,
+    /// Armed by the I/O-error tests (`REDBFS_FAULT_INJECTION=1`); None otherwise.
+    faults: Option<std::sync::Arc<fault::FaultPlan>>,
     path: PathBuf,
     /// Commits made so far; a commit takes its number while it holds the write lock.
     commits: AtomicU64,
@@ -142,7 +145,22 @@ impl Store {
         let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = repaired.clone();
         builder.set_repair_callback(move |_| flag.store(true, Ordering::Relaxed));
-        let db = if exists {
+        let faults = (std::env::var("REDBFS_FAULT_INJECTION").as_deref() == Ok("1"))
+            .then(|| std::sync::Arc::new(fault::FaultPlan::default()));
+        let db = if let Some(plan) = &faults {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+            let inner = redb::backends::FileBackend::new(file).map_err(map_err)?;
+            builder.create_with_backend(fault::FaultyBackend {
+                inner,
+                plan: plan.clone(),
+            })
+        } else if exists {
             builder.open(path)
         } else {
             builder.create(path)
@@ -159,6 +177,7 @@ impl Store {
         }
         let store = Store {
             db,
+            faults,
             path: path.to_path_buf(),
             commits: AtomicU64::new(0),
             synced: Mutex::new(0),
@@ -276,6 +295,19 @@ impl Store {
             info: None,
             written: 0,
         })
+    }
+
+    /// Arms an injected I/O fault; refused unless the daemon runs with fault injection.
+    pub fn inject_fault(&self, on: fault::FaultOn, nth: u64) -> Result<(), StoreError> {
+        match &self.faults {
+            Some(plan) => {
+                plan.arm(on, nth);
+                Ok(())
+            }
+            None => Err(StoreError::Io(
+                "fault injection is off (the daemon runs without REDBFS_FAULT_INJECTION=1)".into(),
+            )),
+        }
     }
 
     /// Whether operations append history records.
@@ -686,6 +718,65 @@ impl ReadTxn {
         }
         w.truncate_history_after(seq)?;
         w.commit(Sync::Durable)
+    }
+
+    /// Runs `f` on the store as it was at history point `seq`, from a scratch copy in a
+    /// temporary directory that goes away afterwards.
+    pub fn at_point<T>(
+        &self,
+        seq: u64,
+        f: impl FnOnce(&ReadTxn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-at-")
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let path = dir.path().join("at.redb");
+        self.materialize_at(seq, &path).map_err(|e| e.to_string())?;
+        let s = Store::open_existing(&path).map_err(|e| e.to_string())?;
+        let r = s.read().map_err(|e| e.to_string())?;
+        f(&r)
+    }
+
+    /// History records, newest first, for the whole store or for `path` (following it back
+    /// through renames of it or of a directory above it), no older than `since_ns`.
+    pub fn history_of(
+        &self,
+        path: Option<&str>,
+        since_ns: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<HistoryRecord>, StoreError> {
+        let mut tracked = path.map(|p| {
+            let p = format!("/{}", p.trim_matches('/'));
+            if p == "/" {
+                p
+            } else {
+                p.trim_end_matches('/').to_string()
+            }
+        });
+        let mut out = Vec::new();
+        let within =
+            |p: &str, base: &str| base == "/" || p == base || p.starts_with(&format!("{base}/"));
+        for rec in self.history(0..=u64::MAX)? {
+            if since_ns.is_some_and(|s| rec.time < s) || out.len() >= limit {
+                break;
+            }
+            let keep = match &tracked {
+                None => true,
+                Some(t) => rec.paths.iter().any(|p| within(p, t) || within(t, p)),
+            };
+            if let (Some(t), true) = (&mut tracked, rec.op == "rename" || rec.op == "exchange")
+                && let [from, to] = rec.paths.as_slice()
+                && within(t, to)
+            {
+                // Older records knew the tracked path under its name before the rename.
+                *t = format!("{from}{}", &t[to.len()..]);
+            }
+            if keep {
+                out.push(rec);
+            }
+        }
+        Ok(out)
     }
 
     /// (chunk index, blob id) of `ino`'s content.
