@@ -158,7 +158,13 @@ enum Cmd {
         json: bool,
     },
     /// Print a file of a store (mounted or not).
-    Cat { store: PathBuf, path: String },
+    Cat {
+        store: PathBuf,
+        path: String,
+        /// `{"content": ...}` (or `content_hex` for bytes that are not UTF-8).
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the tree under a path of a store.
     Tree {
         store: PathBuf,
@@ -657,8 +663,15 @@ fn run(cli: Cli) -> Result<i32, String> {
             }
             Ok(0)
         }
-        Cmd::Cat { store, path } => {
-            let v = Target::resolve(&store)?.ask(json!({"op": "cat", "path": path}))?;
+        Cmd::Cat { store, path, json } => {
+            let mut v = Target::resolve(&store)?.ask(json!({"op": "cat", "path": path}))?;
+            if json {
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("ok");
+                }
+                println!("{v}");
+                return Ok(0);
+            }
             std::io::stdout()
                 .write_all(&tools::content_of(&v))
                 .map_err(|e| e.to_string())?;

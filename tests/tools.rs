@@ -450,3 +450,48 @@ fn repair_reclaims_unreachable_inodes_and_keeps_reachable_files() {
     want.remove("memories/empty");
     assert_eq!(read_tree(&out), want);
 }
+
+#[test]
+fn import_of_a_directory_the_stock_sdk_tool_wrote() {
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
+    assert!(
+        clients.join("node_modules/@anthropic-ai/sdk").exists(),
+        "run bash tests/clients/setup.sh first"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("memory-store");
+    std::fs::create_dir(&plain).unwrap();
+    let out = std::process::Command::new("node")
+        .arg(clients.join("run_session.mjs"))
+        .arg(&plain)
+        .arg(clients.join("session.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store = dir.path().join("memory-store.redb");
+    let imported = redbfs(&["import", s(&plain), s(&store)]);
+    ok(imported.clone());
+    assert!(
+        !String::from_utf8_lossy(&imported.stderr).contains("skipped"),
+        "everything the SDK wrote is importable: {}",
+        String::from_utf8_lossy(&imported.stderr)
+    );
+    assert!(ok(redbfs(&["check", s(&store)])).contains("clean"));
+    let back = dir.path().join("exported");
+    ok(redbfs(&["export", s(&store), s(&back)]));
+    let strip_dirs_mtime = |t: Tree| -> BTreeMap<String, (bool, u32, Vec<u8>)> {
+        t.into_iter()
+            .map(|(k, (d, m, _, c))| (k, (d, m, c)))
+            .collect()
+    };
+    let want = read_tree(&plain);
+    assert!(
+        want.keys().any(|k| k.starts_with("memories/")),
+        "the session wrote memories"
+    );
+    assert_eq!(strip_dirs_mtime(read_tree(&back)), strip_dirs_mtime(want));
+}
