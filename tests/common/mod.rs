@@ -154,6 +154,19 @@ impl Drop for TestMount {
 pub struct Rng(pub u64);
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.next()
+    }
+
+    /// A number in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
     pub fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -162,9 +175,9 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    /// A number in `0..n`.
+    /// A number in `0..n` (0 when n is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        if n == 0 { 0 } else { self.next() % n }
     }
 
     /// An index in `0..n`.
