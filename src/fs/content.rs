@@ -80,7 +80,8 @@ impl OpenFile {
     /// The buffered chunk `idx`, loading it from the store on first touch.
     fn chunk_mut(&mut self, store: &Store, idx: u64) -> Result<&mut Vec<u8>> {
         if !self.dirty.contains_key(&idx) {
-            let data = if self.voided(idx) {
+            // No stored chunk lies at or beyond the stored size, so appending never reads.
+            let data = if self.voided(idx) || idx * CHUNK_SIZE >= self.committed_size {
                 Vec::new()
             } else {
                 store
