@@ -350,45 +350,41 @@ impl Fs {
 
     /// The path of `ino` from the mount root, for logs and tools ("/" for the root).
     pub fn path_of(&self, ino: u64) -> String {
-        let Ok(r) = self.store.read() else {
-            return format!("<inode {ino}>");
-        };
-        let mut parts = Vec::new();
-        let mut cur = ino;
-        for _ in 0..=self.limits.max_depth + 1 {
-            if cur == ROOT_INO {
-                parts.reverse();
-                return format!("/{}", parts.join("/"));
-            }
-            match r.inode(cur) {
-                Ok(Some(i)) => {
-                    parts.push(i.name);
-                    cur = i.parent;
-                }
-                _ => break,
-            }
-        }
-        format!("<inode {ino}>")
+        let path = self
+            .store
+            .read()
+            .ok()
+            .and_then(|r| self.walk_up(Vec::new(), ino, |i| r.inode(i).ok().flatten()));
+        path.unwrap_or_else(|| format!("<inode {ino}>"))
     }
 
     /// The path of `name` under `parent` from the mount root, as `w` sees it.
     fn path_in(&self, w: &WriteTxn<'_>, parent: u64, name: &str) -> String {
-        let mut parts = vec![name.to_string()];
-        let mut cur = parent;
+        self.walk_up(vec![name.to_string()], parent, |i| {
+            w.inode(i).ok().flatten()
+        })
+        .unwrap_or_else(|| format!("<inode {parent}>/{name}"))
+    }
+
+    /// Completes a path, `tail` being its last components, by following parents from `dir`
+    /// to the root; None when a parent is missing or the chain is deeper than any path may be.
+    fn walk_up(
+        &self,
+        mut tail: Vec<String>,
+        dir: u64,
+        inode: impl Fn(u64) -> Option<Inode>,
+    ) -> Option<String> {
+        let mut cur = dir;
         for _ in 0..=self.limits.max_depth + 1 {
             if cur == ROOT_INO {
-                break;
+                tail.reverse();
+                return Some(format!("/{}", tail.join("/")));
             }
-            match w.inode(cur) {
-                Ok(Some(i)) => {
-                    parts.push(i.name);
-                    cur = i.parent;
-                }
-                _ => break,
-            }
+            let i = inode(cur)?;
+            tail.push(i.name);
+            cur = i.parent;
         }
-        parts.reverse();
-        format!("/{}", parts.join("/"))
+        None
     }
 
     /// The path of inode `ino` as `w` sees it.

@@ -130,6 +130,8 @@ pub struct Store {
     /// Write transactions open or waiting to open. A durable commit that is alone commits
     /// with its own fsync; with company it joins a shared sync (group commit).
     writers: AtomicU64,
+    /// Free bytes on the disk under the store, as the last commit saw them.
+    disk_free: AtomicU64,
     /// Process names by pid, for history records (read from /proc once per burst).
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
 }
@@ -183,6 +185,7 @@ impl Store {
             synced: Mutex::new(0),
             keep_history_ns: AtomicU64::new(0),
             writers: AtomicU64::new(0),
+            disk_free: AtomicU64::new(u64::MAX),
             comms: Mutex::new(HashMap::new()),
         };
         store.init_or_verify(root_owner)?;
@@ -369,7 +372,7 @@ impl Store {
 
     /// Whether the disk under the store is nearly full, so history should give way.
     pub fn disk_nearly_full(&self) -> bool {
-        disk_available(&self.path) < SHED_HISTORY_BELOW
+        self.disk_free.load(Ordering::Relaxed) < SHED_HISTORY_BELOW
     }
 
     /// Makes every commit so far durable.
@@ -1402,16 +1405,6 @@ impl WriteTxn<'_> {
         (dirents, inodes)
     }
 
-    /// The blob ids of `ino`'s current content.
-    pub fn blobs_of(&self, ino: u64) -> Result<Vec<u64>, StoreError> {
-        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let mut v = Vec::new();
-        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
-            v.push(item.map_err(map_err)?.1.value());
-        }
-        Ok(v)
-    }
-
     pub fn set_mark(&self, name: &str, seq: u64) -> Result<(), StoreError> {
         self.tx
             .open_table(MARKS)
@@ -1432,6 +1425,7 @@ impl WriteTxn<'_> {
             ROOM_FOR_METADATA
         };
         let free = disk_available(&self.store.path);
+        self.store.disk_free.store(free, Ordering::Relaxed);
         if free >= need.saturating_add(ROOM_CHECK_ABOVE) {
             return Ok(false);
         }
