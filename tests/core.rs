@@ -483,3 +483,39 @@ fn concurrent_writes_unlinks_and_listings_do_not_deadlock() {
     let r = fs.store().read().unwrap();
     assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
 }
+
+/// futimens through one descriptor while a close through another (a forked child's copy, say)
+/// commits the earlier buffered write: the write came first, so the explicit time must win
+/// whichever request the daemon serves first.
+#[test]
+fn explicit_mtime_wins_over_a_concurrent_flush_of_earlier_writes() {
+    let (_d, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "f", b"x");
+    let rw = OpenMode {
+        write: true,
+        ..OpenMode::default()
+    };
+    for i in 0..200i64 {
+        let a = fs.open(ME, ino, rw).unwrap();
+        let b = fs.open(ME, ino, rw).unwrap();
+        fs.write(ME, a, 0, b"buffered").unwrap();
+        let m = 1_000_000_000 + i;
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                barrier.wait();
+                fs.flush(b).unwrap();
+            });
+            barrier.wait();
+            let set = SetAttr {
+                mtime: Some(TimeSet::At(m)),
+                ..SetAttr::default()
+            };
+            fs.setattr(ME, ino, set).unwrap();
+        });
+        assert_eq!(fs.getattr(ino).unwrap().mtime, m, "round {i}, while open");
+        fs.release(b).unwrap();
+        fs.release(a).unwrap();
+        assert_eq!(fs.getattr(ino).unwrap().mtime, m, "round {i}, after close");
+    }
+}

@@ -458,6 +458,11 @@ impl Fs {
                 TimeSet::Now => now,
                 TimeSet::At(ns) => ns,
             };
+            // The content lock of an open file is held across the commit: a close or fsync
+            // through another descriptor (a forked child's, say) must not commit the earlier
+            // write's times over these ones in between.
+            let open = lock(&self.files).get(&ino).cloned();
+            let mut content = open.as_ref().map(|f| lock(&f.content));
             let mut w = self.store.write()?;
             let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
             if let Some(m) = a.mode {
@@ -488,14 +493,15 @@ impl Fs {
                 size,
             );
             self.commit(w, Sync::Durable)?;
-            if let Some(t) = a.mtime {
-                let f = lock(&self.files).get(&ino).cloned();
-                if let Some(f) = f {
-                    let mut g = lock(&f.content);
-                    if g.pending_mtime.is_some() {
-                        g.pending_mtime = Some(resolve(t));
-                        g.pending_ctime = Some(now);
-                    }
+            // Buffered writes commit their times later; these are newer.
+            if let Some(g) = content.as_mut() {
+                if let Some(t) = a.mtime
+                    && g.pending_mtime.is_some()
+                {
+                    g.pending_mtime = Some(resolve(t));
+                }
+                if g.pending_ctime.is_some() {
+                    g.pending_ctime = Some(now);
                 }
             }
         }
