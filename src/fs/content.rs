@@ -143,10 +143,13 @@ impl OpenFile {
             let within = (pos % CHUNK_SIZE) as usize;
             let n = rest.len().min(CHUNK_SIZE as usize - within);
             let chunk = self.chunk_mut(store, idx)?;
-            if chunk.len() < within + n {
-                chunk.resize(within + n, 0);
+            if chunk.len() < within {
+                chunk.resize(within, 0);
             }
-            chunk[within..within + n].copy_from_slice(&rest[..n]);
+            // Overwrite what the chunk holds, append the rest: no zero-fill of appended bytes.
+            let overlap = (chunk.len() - within).min(n);
+            chunk[within..within + overlap].copy_from_slice(&rest[..overlap]);
+            chunk.extend_from_slice(&rest[overlap..n]);
             rest = &rest[n..];
             pos += n as u64;
         }
@@ -186,9 +189,7 @@ impl OpenFile {
         if let Some(d) = self.drop_from {
             w.remove_chunks_from(self.ino, d)?;
         }
-        for (&idx, data) in &self.dirty {
-            w.put_chunk(self.ino, idx, data)?;
-        }
+        w.put_chunks(self.ino, self.dirty.iter().map(|(&i, d)| (i, d.as_slice())))?;
         inode.size = self.size;
         if let Some(t) = self.pending_mtime {
             inode.mtime = t;

@@ -1009,10 +1009,15 @@ impl WriteTxn<'_> {
     }
 
     fn next_counter(&self, key: &str) -> Result<u64, StoreError> {
+        self.next_counters(key, 1)
+    }
+
+    /// Takes `count` consecutive values of the counter `key`; returns the first.
+    fn next_counters(&self, key: &str, count: u64) -> Result<u64, StoreError> {
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         let n = meta_u64_in(&meta, key)?
             .ok_or_else(|| StoreError::Corrupt(format!("meta {key} missing")))?;
-        meta.insert(key, (n + 1).to_le_bytes().as_slice())
+        meta.insert(key, (n + count).to_le_bytes().as_slice())
             .map_err(map_err)?;
         Ok(n)
     }
@@ -1197,14 +1202,32 @@ impl WriteTxn<'_> {
     /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
     /// (or kept by history).
     pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
-        self.written += data.len() as u64;
-        let blob = self.next_counter(META_NEXT_BLOB)?;
-        self.tx
-            .open_table(BLOBS)
-            .map_err(map_err)?
-            .insert(blob, data)
-            .map_err(map_err)?;
-        self.set_filemap(ino, idx, Some(blob))
+        self.put_chunks(ino, [(idx, data)])
+    }
+
+    /// Stores chunks of `ino` (index, content) as new blobs: one range of blob ids and one
+    /// open of the blob table for all of them.
+    pub fn put_chunks<'d>(
+        &mut self,
+        ino: u64,
+        chunks: impl IntoIterator<Item = (u64, &'d [u8])> + Clone,
+    ) -> Result<(), StoreError> {
+        let n = chunks.clone().into_iter().count() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let first = self.next_counters(META_NEXT_BLOB, n)?;
+        {
+            let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            for (blob, (_, data)) in (first..).zip(chunks.clone()) {
+                self.written += data.len() as u64;
+                blobs.insert(blob, data).map_err(map_err)?;
+            }
+        }
+        for (blob, (idx, _)) in (first..).zip(chunks) {
+            self.set_filemap(ino, idx, Some(blob))?;
+        }
+        Ok(())
     }
 
     /// Removes chunks `first..` of `ino`.

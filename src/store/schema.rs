@@ -57,10 +57,13 @@
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
-/// Bytes per content chunk. Small memories fit in one chunk; large files stream.
-pub const CHUNK_SIZE: u64 = 64 * 1024;
+/// Bytes per content chunk. Small memories fit in one chunk; large files stream. A value
+/// that fills a redb leaf on its own must leave room for the leaf's header, or redb rounds
+/// its page up to the next power of two: at exactly 64 KiB, every full chunk took 128 KiB of
+/// the file. 64 bytes less keeps a full chunk's leaf within 64 KiB.
+pub const CHUNK_SIZE: u64 = 64 * 1024 - 64;
 
 /// The inode number of the root directory (FUSE's root id).
 pub const ROOT_INO: u64 = 1;
