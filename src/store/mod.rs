@@ -8,7 +8,7 @@
 pub mod fault;
 pub mod schema;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -297,6 +297,8 @@ impl Store {
             capture: self.history_on().then(Capture::default),
             info: None,
             written: 0,
+            ref_deltas: BTreeMap::new(),
+            new_blobs: Vec::new(),
         })
     }
 
@@ -956,6 +958,12 @@ pub struct WriteTxn<'s> {
     info: Option<OpInfo>,
     /// Content bytes this transaction adds, for the free-space check at commit.
     written: u64,
+    /// Net change of each blob's reference count, written once at commit: a change that
+    /// takes a reference and gives one back (a rewrite or unlink whose old blob history keeps)
+    /// leaves the blobrefs table untouched, and that is pages an fsync need not write.
+    ref_deltas: BTreeMap<u64, i64>,
+    /// Blobs created by this transaction (their count starts at 0, not at the implicit 1).
+    new_blobs: Vec<std::ops::Range<u64>>,
 }
 
 impl WriteTxn<'_> {
@@ -1029,30 +1037,65 @@ impl WriteTxn<'_> {
 
     // ---- blob reference counts ----
 
-    fn blob_ref(&self, blob: u64) -> Result<(), StoreError> {
-        let mut t = self.tx.open_table(BLOBREFS).map_err(map_err)?;
-        let n = t.get(blob).map_err(map_err)?.map_or(0, |v| v.value());
-        t.insert(blob, n + 1).map_err(map_err)?;
+    fn blob_ref(&mut self, blob: u64) -> Result<(), StoreError> {
+        *self.ref_deltas.entry(blob).or_default() += 1;
         Ok(())
     }
 
-    fn blob_unref(&self, blob: u64) -> Result<(), StoreError> {
-        let mut t = self.tx.open_table(BLOBREFS).map_err(map_err)?;
-        let n = t.get(blob).map_err(map_err)?.map_or(0, |v| v.value());
-        if n > 1 {
-            t.insert(blob, n - 1).map_err(map_err)?;
-        } else {
-            t.remove(blob).map_err(map_err)?;
-            self.tx
-                .open_table(BLOBS)
-                .map_err(map_err)?
-                .remove(blob)
-                .map_err(map_err)?;
-            self.tx
-                .open_table(REDACTED)
-                .map_err(map_err)?
-                .remove(blob)
-                .map_err(map_err)?;
+    fn blob_unref(&mut self, blob: u64) -> Result<(), StoreError> {
+        *self.ref_deltas.entry(blob).or_default() -= 1;
+        Ok(())
+    }
+
+    /// Writes the net reference changes: a blobrefs entry only for counts of 2 or more (a
+    /// blob without one has exactly one reference), and a blob that reaches 0 is deleted.
+    fn apply_ref_deltas(&mut self) -> Result<(), StoreError> {
+        let deltas = std::mem::take(&mut self.ref_deltas);
+        if deltas.values().all(|&d| d == 0) {
+            return Ok(());
+        }
+        let mut refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let mut gone = Vec::new();
+        for (blob, d) in deltas {
+            if d == 0 {
+                continue;
+            }
+            let stored = refs.get(blob).map_err(map_err)?.map(|v| v.value());
+            let base = match stored {
+                Some(n) => n as i64,
+                None if self.new_blobs.iter().any(|r| r.contains(&blob)) => 0,
+                None => 1,
+            };
+            match base + d {
+                n if n <= 0 => {
+                    if n < 0 {
+                        return Err(StoreError::Corrupt(format!(
+                            "blob {blob} would have {n} references"
+                        )));
+                    }
+                    if stored.is_some() {
+                        refs.remove(blob).map_err(map_err)?;
+                    }
+                    gone.push(blob);
+                }
+                1 => {
+                    if stored.is_some() {
+                        refs.remove(blob).map_err(map_err)?;
+                    }
+                }
+                n => {
+                    refs.insert(blob, n as u64).map_err(map_err)?;
+                }
+            }
+        }
+        drop(refs);
+        if !gone.is_empty() {
+            let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            let mut redacted = self.tx.open_table(REDACTED).map_err(map_err)?;
+            for blob in gone {
+                blobs.remove(blob).map_err(map_err)?;
+                redacted.remove(blob).map_err(map_err)?;
+            }
         }
         Ok(())
     }
@@ -1217,6 +1260,7 @@ impl WriteTxn<'_> {
             return Ok(());
         }
         let first = self.next_counters(META_NEXT_BLOB, n)?;
+        self.new_blobs.push(first..first + n);
         {
             let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
             for (blob, (_, data)) in (first..).zip(chunks.clone()) {
@@ -1505,6 +1549,7 @@ impl WriteTxn<'_> {
                 self.expire_history(now.saturating_sub(keep as i64), 16)?;
             }
         }
+        self.apply_ref_deltas()?;
         let usage = self.usage()?;
         {
             let mut meta = self.tx.open_table(META).map_err(map_err)?;

@@ -21,8 +21,10 @@
 //!                                       without copying them
 //! orphans  u64 ino         -> ()        unlinked while open; reclaimed at last release or at the
 //!                                       next mount
-//! blobrefs u64 blob id     -> u64       references to a blob: filemap entries plus history
-//!                                       before-images; the blob is deleted when it reaches 0
+//! blobrefs u64 blob id     -> u64       references to a blob (filemap entries plus history
+//!                                       before-images) when there are 2 or more; a blob without
+//!                                       an entry has exactly 1, so most commits leave this table
+//!                                       alone. The blob is deleted when its count reaches 0
 //! history  u64 seq         -> &[u8]     one `HistoryRecord` per committed operation, appended in
 //!                                       the operation's own transaction (when history is on)
 //! marks    &str name       -> u64       a labelled point: the last history seq when it was made
