@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 use crate::store::{CHUNK_SIZE, Store, WriteTxn};
 
@@ -24,6 +24,10 @@ pub struct FileSlot {
     pub handles: AtomicU32,
     /// The name is gone; content lives until the last release.
     pub unlinked: AtomicBool,
+    /// The commit that created this file, made durable by a close or fsync of a writable
+    /// handle (0: nothing pending). Syncing to it, not to the newest commit, keeps one close
+    /// from paying an fsync for other processes' creates.
+    pub created_in: AtomicU64,
     pub content: Mutex<OpenFile>,
 }
 
@@ -33,6 +37,7 @@ impl FileSlot {
             ino,
             handles: AtomicU32::new(0),
             unlinked: AtomicBool::new(false),
+            created_in: AtomicU64::new(0),
             content: Mutex::new(OpenFile::new(ino, size)),
         }
     }

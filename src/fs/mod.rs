@@ -271,15 +271,20 @@ impl Fs {
     }
 
     fn commit(&self, w: WriteTxn<'_>, sync: Sync) -> Result<()> {
-        match w.commit(sync) {
-            Ok(()) => {
+        self.commit_numbered(w, sync).map(drop)
+    }
+
+    /// Commits `w`; returns the commit's number (for `Store::sync_to`).
+    fn commit_numbered(&self, w: WriteTxn<'_>, sync: Sync) -> Result<u64> {
+        match w.commit_numbered(sync) {
+            Ok(seq) => {
                 if self.store.history_on()
                     && self.store.disk_nearly_full()
                     && let Err(e) = self.store.shed_history()
                 {
                     tracing::warn!(error = %e, "could not drop history to make room");
                 }
-                Ok(())
+                Ok(seq)
             }
             Err(StoreError::NoRoom) => {
                 // Nothing was written. History gives way to current content.
@@ -649,11 +654,19 @@ impl Fs {
         mode: u32,
         umask: u32,
     ) -> Result<Inode> {
-        self.make_entry(caller, parent, raw_name, Kind::Dir, mode & !umask)
+        Ok(self
+            .make_entry(
+                caller,
+                parent,
+                raw_name,
+                Kind::Dir,
+                mode & !umask,
+                Sync::Durable,
+            )?
+            .0)
     }
 
-    /// Creates a regular file (mknod of S_IFREG); it becomes durable with the next durable
-    /// commit, normally its own close or fsync.
+    /// Creates a regular file (mknod of S_IFREG), durably: nothing closes or fsyncs it later.
     pub fn mknod(
         &self,
         caller: Caller,
@@ -662,6 +675,21 @@ impl Fs {
         mode: u32,
         umask: u32,
     ) -> Result<Inode> {
+        Ok(self
+            .new_file(caller, parent, raw_name, mode, umask, Sync::Durable)?
+            .0)
+    }
+
+    /// A new regular file; returns it and the number of the commit that made it.
+    fn new_file(
+        &self,
+        caller: Caller,
+        parent: u64,
+        raw_name: &[u8],
+        mode: u32,
+        umask: u32,
+        sync: Sync,
+    ) -> Result<(Inode, u64)> {
         if mode & libc::S_IFMT != libc::S_IFREG && mode & libc::S_IFMT != 0 {
             return Err(Error::NotPermitted(match mode & libc::S_IFMT {
                 libc::S_IFIFO => "mknod of a FIFO",
@@ -670,11 +698,11 @@ impl Fs {
                 _ => "mknod of a special file",
             }));
         }
-        self.make_entry(caller, parent, raw_name, Kind::File, mode & !umask)
+        self.make_entry(caller, parent, raw_name, Kind::File, mode & !umask, sync)
     }
 
-    /// mkdir and mknod: a new entry in one transaction, durable for a directory and deferred
-    /// for a file (whose close or fsync follows).
+    /// mkdir, mknod and create: a new entry in one transaction; returns it and the commit's
+    /// number.
     fn make_entry(
         &self,
         caller: Caller,
@@ -682,15 +710,16 @@ impl Fs {
         raw_name: &[u8],
         kind: Kind,
         perm: u32,
-    ) -> Result<Inode> {
+        sync: Sync,
+    ) -> Result<(Inode, u64)> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
         let mut w = self.store.write()?;
         let mut p = Self::parent_dir(&w, parent)?;
         let inode = self.new_inode(&mut w, caller, &mut p, &name, kind, perm)?;
-        let (op, sync) = match kind {
-            Kind::Dir => ("mkdir", Sync::Durable),
-            Kind::File => ("create", Sync::Deferred),
+        let op = match kind {
+            Kind::Dir => "mkdir",
+            Kind::File => "create",
         };
         self.describe(
             &mut w,
@@ -701,8 +730,8 @@ impl Fs {
             0,
             0,
         );
-        self.commit(w, sync)?;
-        Ok(inode)
+        let seq = self.commit_numbered(w, sync)?;
+        Ok((inode, seq))
     }
 
     /// Creates and opens a regular file.
@@ -715,16 +744,21 @@ impl Fs {
         umask: u32,
         flags: i32,
     ) -> Result<(Inode, u64)> {
-        let inode = self.mknod(
+        // Durable with this file's close or fsync, which follow.
+        let (inode, seq) = self.new_file(
             caller,
             parent,
             raw_name,
             (mode & 0o7777) | libc::S_IFREG,
             umask,
+            Sync::Deferred,
         )?;
         let mut open_mode = OpenMode::from_flags(flags);
         open_mode.truncate = false;
         let fh = self.open(caller, inode.ino, open_mode)?;
+        if let Ok((f, _)) = self.handle(fh) {
+            f.created_in.fetch_max(seq, Ordering::AcqRel);
+        }
         Ok((inode, fh))
     }
 
@@ -928,7 +962,7 @@ impl Fs {
         drop(g);
         if mode.write {
             // A file created and closed without a write becomes durable here.
-            self.store.sync()?;
+            self.sync_creation(&f)?;
         }
         Ok(())
     }
@@ -938,7 +972,16 @@ impl Fs {
         let mut g = lock(&f.content);
         self.commit_file(&f, &mut g)?;
         drop(g);
-        self.store.sync()?;
+        self.sync_creation(&f)
+    }
+
+    /// Makes the commit that created `f` durable, if it is not yet: only that one, so a
+    /// close does not pay an fsync for what other processes committed meanwhile.
+    fn sync_creation(&self, f: &FileSlot) -> Result<()> {
+        let seq = f.created_in.load(Ordering::Acquire);
+        if seq != 0 {
+            self.store.sync_to(seq)?;
+        }
         Ok(())
     }
 

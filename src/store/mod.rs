@@ -385,15 +385,17 @@ impl Store {
     /// Makes commit number `seq` durable, with every commit before it. Callers that arrive
     /// while a sync runs wait for it and are covered by it, or by the next one, which one of
     /// them runs for all: one fsync for many commits.
-    fn sync_to(&self, seq: u64) -> Result<(), StoreError> {
+    pub fn sync_to(&self, seq: u64) -> Result<(), StoreError> {
         let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
         if *synced >= seq {
             return Ok(());
         }
-        // Every commit numbered so far holds or held the write lock before this transaction
-        // can take it, so this transaction covers them all.
-        let target = self.commits.load(Ordering::Acquire);
         let mut tx = self.db.begin_write().map_err(map_err)?;
+        // Read only now, holding the write lock: every commit numbered so far has finished
+        // (numbers are taken under the lock), so this transaction covers them all, including
+        // those that queued for the lock ahead of it. Read before the lock, it would leave them
+        // each to pay another fsync.
+        let target = self.commits.load(Ordering::Acquire);
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
@@ -1510,7 +1512,12 @@ impl WriteTxn<'_> {
     }
 
     /// Commits everything written in this transaction, with its history record.
-    pub fn commit(mut self, sync: Sync) -> Result<(), StoreError> {
+    pub fn commit(self, sync: Sync) -> Result<(), StoreError> {
+        self.commit_numbered(sync).map(drop)
+    }
+
+    /// Commits; returns the commit's number, which `Store::sync_to` takes.
+    pub fn commit_numbered(mut self, sync: Sync) -> Result<u64, StoreError> {
         let now = now_ns();
         if self.lacks_room()? {
             return Err(StoreError::NoRoom);
@@ -1578,7 +1585,7 @@ impl WriteTxn<'_> {
             self.tx.commit().map_err(map_err)?;
             drop(self.writer.take());
             *synced = (*synced).max(seq);
-            return Ok(());
+            return Ok(seq);
         }
         // A sync is running (or none is needed): commit without an fsync; a durable commit then
         // waits for a sync that covers it, shared with whatever else committed meanwhile.
@@ -1587,9 +1594,9 @@ impl WriteTxn<'_> {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         self.tx.commit().map_err(map_err)?;
         drop(self.writer.take());
-        match sync {
-            Sync::Durable => store.sync_to(seq),
-            Sync::Deferred => Ok(()),
+        if sync == Sync::Durable {
+            store.sync_to(seq)?;
         }
+        Ok(seq)
     }
 }
