@@ -1039,14 +1039,12 @@ impl WriteTxn<'_> {
 
     // ---- blob reference counts ----
 
-    fn blob_ref(&mut self, blob: u64) -> Result<(), StoreError> {
+    fn blob_ref(&mut self, blob: u64) {
         *self.ref_deltas.entry(blob).or_default() += 1;
-        Ok(())
     }
 
-    fn blob_unref(&mut self, blob: u64) -> Result<(), StoreError> {
+    fn blob_unref(&mut self, blob: u64) {
         *self.ref_deltas.entry(blob).or_default() -= 1;
-        Ok(())
     }
 
     /// Writes the net reference changes: a blobrefs entry only for counts of 2 or more (a
@@ -1180,15 +1178,15 @@ impl WriteTxn<'_> {
         if self.first_touch(3, ino, idx, "") {
             // The history record keeps the old blob alive.
             if let Some(o) = old {
-                self.blob_ref(o)?;
+                self.blob_ref(o);
             }
             self.push_undo(Undo::Filemap { ino, idx, old });
         }
         if let Some(n) = new {
-            self.blob_ref(n)?;
+            self.blob_ref(n);
         }
         if let Some(o) = old {
-            self.blob_unref(o)?;
+            self.blob_unref(o);
         }
         Ok(())
     }
@@ -1388,7 +1386,7 @@ impl WriteTxn<'_> {
     fn drop_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
         for u in &r.undo {
             if let Undo::Filemap { old: Some(b), .. } = u {
-                self.blob_unref(*b)?;
+                self.blob_unref(*b);
             }
         }
         self.tx
