@@ -206,6 +206,18 @@ pub struct Fs {
     invalidator: Mutex<Option<history::SharedInvalidator>>,
 }
 
+/// A commit that frees at least this much buffered content hands the memory back to the
+/// system: the chunks are 64 KiB heap blocks spread over the threads' malloc arenas, which
+/// glibc keeps otherwise (three 64 MiB writes left the daemon at 170 MB resident).
+const RETURN_MEMORY_AFTER: usize = 4 << 20;
+
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 impl Fs {
     /// Wraps an open store, reclaiming the orphans a crash left behind.
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {
@@ -869,9 +881,13 @@ impl Fs {
             g.committed_size,
             g.size,
         );
+        let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
         g.stage(&mut w)?;
         self.commit(w, Sync::Durable)?;
         g.committed();
+        if large {
+            return_freed_memory();
+        }
         Ok(())
     }
 
