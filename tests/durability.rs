@@ -192,6 +192,34 @@ fn fsync_reaches_the_disk() {
             }
         });
 
+        // A file created read-only (open(O_RDONLY|O_CREAT)): its close makes it durable too.
+        let p = mp.join(format!("readonly-created-{i}.md"));
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string; the descriptor is closed just below, once.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CREAT | libc::O_EXCL,
+                0o600,
+            )
+        };
+        assert!(
+            fd >= 0,
+            "open O_RDONLY|O_CREAT {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+        timed(
+            format!("close of the new read-only {}", p.display()),
+            &mut || {
+                // SAFETY: closing the descriptor opened just above, once.
+                match unsafe { libc::close(fd) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            },
+        );
+
         // An overwrite through O_TRUNC, fsynced.
         let p = mp.join(format!("created-{i}.md"));
         let mut f = std::fs::OpenOptions::new()

@@ -972,15 +972,13 @@ impl Fs {
 
     /// close(2) of one descriptor: commits the file's buffered content durably.
     pub fn flush(&self, fh: u64) -> Result<()> {
-        let (f, mode) = self.handle(fh)?;
+        let (f, _) = self.handle(fh)?;
         let mut g = lock(&f.content);
         self.commit_file(&f, &mut g)?;
         drop(g);
-        if mode.write {
-            // A file created and closed without a write becomes durable here.
-            self.sync_creation(&f)?;
-        }
-        Ok(())
+        // A file created and closed without a write (even one created O_RDONLY) becomes
+        // durable here.
+        self.sync_creation(&f)
     }
 
     pub fn fsync(&self, fh: u64) -> Result<()> {
