@@ -107,15 +107,6 @@ fn data(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
 // ---------------------------------------------------------------------------------------------
 // Operations
 
@@ -485,7 +476,12 @@ impl fmt::Debug for Outcome {
             Outcome::Value(v) => write!(f, "ok {v}"),
             Outcome::Bytes(b) => {
                 let head: String = b.iter().take(16).map(|x| format!("{x:02x}")).collect();
-                write!(f, "{} bytes (fnv {:016x}, head {head})", b.len(), fnv(b))
+                write!(
+                    f,
+                    "{} bytes (fnv {:016x}, head {head})",
+                    b.len(),
+                    common::fnv(b)
+                )
             }
             Outcome::Stat(s) => write!(f, "{s:?}"),
             Outcome::Names(n) => write!(f, "{n:?}"),
@@ -907,59 +903,26 @@ struct TreeEntry {
 }
 
 fn walk(root: &Path) -> Result<BTreeMap<String, TreeEntry>, String> {
-    fn go(root: &Path, rel: &str, out: &mut BTreeMap<String, TreeEntry>) -> Result<(), String> {
-        let dir = if rel.is_empty() {
-            root.to_path_buf()
-        } else {
-            root.join(rel)
-        };
-        let rd = std::fs::read_dir(&dir).map_err(|e| format!("read_dir {}: {e}", dir.display()))?;
-        let mut names = Vec::new();
-        for ent in rd {
-            let ent = ent.map_err(|e| format!("read_dir {}: {e}", dir.display()))?;
-            names.push(ent.file_name().to_string_lossy().into_owned());
-        }
-        names.sort();
-        for name in names {
-            let child = if rel.is_empty() {
-                name.clone()
-            } else {
-                format!("{rel}/{name}")
-            };
-            let p = root.join(&child);
-            let md =
-                std::fs::symlink_metadata(&p).map_err(|e| format!("lstat {}: {e}", p.display()))?;
-            let kind = if md.is_dir() {
+    Ok(common::walk_tree(root)?
+        .into_iter()
+        .map(|(rel, w)| {
+            let kind = if w.meta.is_dir() {
                 'd'
-            } else if md.is_file() {
+            } else if w.meta.is_file() {
                 'f'
             } else {
                 '?'
             };
-            let content = if kind == 'f' {
-                Some(std::fs::read(&p).map_err(|e| format!("read {}: {e}", p.display()))?)
-            } else {
-                None
+            let entry = TreeEntry {
+                kind,
+                perm: w.meta.mode() & 0o7777,
+                size: w.meta.size(),
+                nlink: w.meta.nlink(),
+                content: w.content,
             };
-            out.insert(
-                child.clone(),
-                TreeEntry {
-                    kind,
-                    perm: md.mode() & 0o7777,
-                    size: md.size(),
-                    nlink: md.nlink(),
-                    content,
-                },
-            );
-            if kind == 'd' {
-                go(root, &child, out)?;
-            }
-        }
-        Ok(())
-    }
-    let mut out = BTreeMap::new();
-    go(root, "", &mut out)?;
-    Ok(out)
+            (rel.to_string_lossy().into_owned(), entry)
+        })
+        .collect())
 }
 
 fn describe_entry(e: Option<&TreeEntry>) -> String {
@@ -973,7 +936,7 @@ fn describe_entry(e: Option<&TreeEntry>) -> String {
             e.nlink,
             e.content
                 .as_ref()
-                .map(|c| format!(" content fnv {:016x}", fnv(c)))
+                .map(|c| format!(" content fnv {:016x}", common::fnv(c)))
                 .unwrap_or_default()
         ),
     }
@@ -1213,27 +1176,31 @@ impl Sequence {
     }
 
     fn file_target(&mut self) -> String {
-        let r = self.rng.below(100);
-        let pick = if r < 65 {
-            self.existing_file()
-        } else if r < 80 {
-            None
-        } else if r < 93 {
-            self.existing_dir()
-        } else {
-            return self.bad_path();
-        };
-        pick.unwrap_or_else(|| self.new_path())
+        self.target(false)
     }
 
     fn dir_target(&mut self) -> String {
+        self.target(true)
+    }
+
+    /// Mostly an existing entry of the kind wanted, sometimes a new name, one of the other
+    /// kind, or a path that cannot resolve.
+    fn target(&mut self, dir: bool) -> String {
         let r = self.rng.below(100);
         let pick = if r < 65 {
-            self.existing_dir()
+            if dir {
+                self.existing_dir()
+            } else {
+                self.existing_file()
+            }
         } else if r < 80 {
             None
         } else if r < 93 {
-            self.existing_file()
+            if dir {
+                self.existing_file()
+            } else {
+                self.existing_dir()
+            }
         } else {
             return self.bad_path();
         };

@@ -331,33 +331,20 @@ enum Node {
 
 /// Every entry under `root` (not `root` itself), by path relative to it, symlinks not followed.
 fn tree(root: &Path) -> BTreeMap<Vec<u8>, Node> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Node>) {
-        for entry in
-            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
-        {
-            let entry = entry.expect("dir entry");
-            let path = entry.path();
-            let meta = std::fs::symlink_metadata(&path)
-                .unwrap_or_else(|e| panic!("lstat {}: {e}", path.display()));
-            let rel = path
-                .strip_prefix(root)
-                .unwrap()
-                .as_os_str()
-                .as_bytes()
-                .to_vec();
-            let mode = meta.mode() & 0o7777;
-            let ft = meta.file_type();
+    common::walk_tree(root)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|(rel, w)| {
+            let mode = w.meta.mode() & 0o7777;
+            let ft = w.meta.file_type();
             let node = if ft.is_dir() {
-                walk(root, &path, out);
                 Node::Dir { mode }
-            } else if ft.is_file() {
-                let content =
-                    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            } else if let Some(content) = w.content {
                 assert_eq!(
                     content.len() as u64,
-                    meta.len(),
+                    w.meta.len(),
                     "{}: st_size disagrees with the bytes read",
-                    path.display()
+                    root.join(&rel).display()
                 );
                 Node::File { mode, content }
             } else {
@@ -374,12 +361,9 @@ fn tree(root: &Path) -> BTreeMap<Vec<u8>, Node> {
                     kind: kind.to_string(),
                 }
             };
-            out.insert(rel, node);
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
+            (rel.as_os_str().as_bytes().to_vec(), node)
+        })
+        .collect()
 }
 
 fn show_node(n: &Node) -> String {

@@ -278,31 +278,18 @@ enum Node {
 
 /// Every entry under `root` (not `root` itself), by path relative to it.
 fn tree(root: &Path) -> BTreeMap<Vec<u8>, Node> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, Node>) {
-        for entry in
-            std::fs::read_dir(dir).unwrap_or_else(|e| panic!("readdir {}: {e}", dir.display()))
-        {
-            let path = entry.expect("dir entry").path();
-            let rel = path.strip_prefix(root).unwrap().as_os_str().as_bytes();
-            let ft = std::fs::symlink_metadata(&path)
-                .unwrap_or_else(|e| panic!("lstat {}: {e}", path.display()))
-                .file_type();
-            let node = if ft.is_dir() {
-                walk(root, &path, out);
-                Node::Dir
-            } else if ft.is_file() {
-                Node::File(
-                    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display())),
-                )
-            } else {
-                Node::Other
+    common::walk_tree(root)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|(rel, w)| {
+            let node = match w.content {
+                Some(c) => Node::File(c),
+                None if w.meta.is_dir() => Node::Dir,
+                None => Node::Other,
             };
-            out.insert(rel.to_vec(), node);
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
+            (rel.as_os_str().as_bytes().to_vec(), node)
+        })
+        .collect()
 }
 
 fn show_tree(t: &BTreeMap<Vec<u8>, Node>) -> String {

@@ -178,11 +178,7 @@ fn show(bytes: &[u8]) -> String {
     {
         return format!("{s:?}");
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{} bytes (fnv {h:016x})", bytes.len())
+    format!("{} bytes (fnv {:016x})", bytes.len(), common::fnv(bytes))
 }
 
 fn assert_same(what: &str, a: &Run, b: &Run, pair: &Pair) {
@@ -339,30 +335,13 @@ struct Entry {
     content_hash: Option<u64>,
 }
 
-fn hash(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
 /// Every entry below `root` (not `root` itself): relative path -> what is compared.
 fn walk(root: &Path, with_mtimes: bool) -> BTreeMap<String, Entry> {
-    fn go(root: &Path, rel: &str, with_mtimes: bool, out: &mut BTreeMap<String, Entry>) {
-        let dir = root.join(rel);
-        let rd =
-            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()));
-        for ent in rd {
-            let ent = ent.unwrap();
-            let name = ent.file_name().to_string_lossy().into_owned();
-            let child = if rel.is_empty() {
-                name
-            } else {
-                format!("{rel}/{name}")
-            };
-            let p = root.join(&child);
-            let md = std::fs::symlink_metadata(&p).unwrap();
+    common::walk_tree(root)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|(rel, w)| {
+            let md = &w.meta;
             let kind = if md.is_dir() {
                 'd'
             } else if md.is_file() {
@@ -370,30 +349,17 @@ fn walk(root: &Path, with_mtimes: bool) -> BTreeMap<String, Entry> {
             } else {
                 '?'
             };
-            let content_hash = if kind == 'f' {
-                Some(hash(&std::fs::read(&p).unwrap()))
-            } else {
-                None
+            let entry = Entry {
+                kind,
+                perm: md.mode() & 0o7777,
+                size: md.size(),
+                nlink: md.nlink(),
+                mtime: with_mtimes.then(|| (md.mtime(), md.mtime_nsec())),
+                content_hash: w.content.as_deref().map(common::fnv),
             };
-            out.insert(
-                child.clone(),
-                Entry {
-                    kind,
-                    perm: md.mode() & 0o7777,
-                    size: md.size(),
-                    nlink: md.nlink(),
-                    mtime: with_mtimes.then(|| (md.mtime(), md.mtime_nsec())),
-                    content_hash,
-                },
-            );
-            if kind == 'd' {
-                go(root, &child, with_mtimes, out);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    go(root, "", with_mtimes, &mut out);
-    out
+            (rel.to_string_lossy().into_owned(), entry)
+        })
+        .collect()
 }
 
 fn assert_trees(what: &str, a: &BTreeMap<String, Entry>, b: &BTreeMap<String, Entry>, pair: &Pair) {

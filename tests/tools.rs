@@ -44,37 +44,21 @@ fn s(p: &Path) -> &str {
 type Tree = BTreeMap<String, (bool, u32, i64, Vec<u8>)>;
 
 fn read_tree(root: &Path) -> Tree {
-    let mut out = Tree::new();
-    fn walk(root: &Path, dir: &Path, out: &mut Tree) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let e = e.unwrap();
-            let md = std::fs::symlink_metadata(e.path()).unwrap();
-            let rel = e
-                .path()
-                .strip_prefix(root)
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .to_string();
-            let mtime = md.mtime() * 1_000_000_000 + md.mtime_nsec();
-            if md.is_dir() {
-                out.insert(rel, (true, md.mode() & 0o7777, mtime, Vec::new()));
-                walk(root, &e.path(), out);
-            } else if md.is_file() {
-                out.insert(
-                    rel,
-                    (
-                        false,
-                        md.mode() & 0o7777,
-                        mtime,
-                        std::fs::read(e.path()).unwrap(),
-                    ),
-                );
-            }
-        }
-    }
-    walk(root, root, &mut out);
-    out
+    common::walk_tree(root)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .filter(|(_, w)| w.meta.is_dir() || w.meta.is_file())
+        .map(|(rel, w)| {
+            let mtime = w.meta.mtime() * 1_000_000_000 + w.meta.mtime_nsec();
+            let entry = (
+                w.meta.is_dir(),
+                w.meta.mode() & 0o7777,
+                mtime,
+                w.content.unwrap_or_default(),
+            );
+            (rel.to_str().unwrap().to_string(), entry)
+        })
+        .collect()
 }
 
 fn set_mtime(p: &Path, secs: i64, nsec: i64) {

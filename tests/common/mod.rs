@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -192,4 +193,52 @@ pub fn seed_or(default: u64) -> u64 {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// FNV-1a of `bytes`: names content in failure messages without printing it.
+pub fn fnv(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// One entry found by `walk_tree`: its lstat, and the bytes of a regular file.
+pub struct Walked {
+    pub meta: std::fs::Metadata,
+    pub content: Option<Vec<u8>>,
+}
+
+/// Every entry below `root` (not `root` itself), by path relative to it, symlinks not
+/// followed. Errors name the path and the call that failed.
+pub fn walk_tree(root: &Path) -> Result<BTreeMap<PathBuf, Walked>, String> {
+    fn go(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, Walked>) -> Result<(), String> {
+        let rd = std::fs::read_dir(dir).map_err(|e| format!("read_dir {}: {e}", dir.display()))?;
+        for ent in rd {
+            let path = ent
+                .map_err(|e| format!("read_dir {}: {e}", dir.display()))?
+                .path();
+            let meta = std::fs::symlink_metadata(&path)
+                .map_err(|e| format!("lstat {}: {e}", path.display()))?;
+            let content = if meta.is_file() {
+                Some(std::fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?)
+            } else {
+                None
+            };
+            let is_dir = meta.is_dir();
+            let rel = path
+                .strip_prefix(root)
+                .expect("below the root")
+                .to_path_buf();
+            out.insert(rel, Walked { meta, content });
+            if is_dir {
+                go(root, &path, out)?;
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    go(root, root, &mut out)?;
+    Ok(out)
 }
