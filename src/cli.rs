@@ -505,7 +505,12 @@ fn run(cli: Cli) -> Result<i32, String> {
             } else {
                 let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
                 let r = s.read().map_err(|e| e.to_string())?;
-                serde_json::to_value(tools::snapshot(&r, &dest)?).map_err(|e| e.to_string())?
+                {
+                    let mut progress = Progress::new("snapshot");
+                    let info = tools::snapshot(&r, &dest, &mut |n| progress.update(n));
+                    progress.finish();
+                    serde_json::to_value(info?).map_err(|e| e.to_string())?
+                }
             };
             if to_stdout {
                 let copied = std::fs::File::open(&dest)
@@ -562,7 +567,12 @@ fn run(cli: Cli) -> Result<i32, String> {
         } => {
             let t = Target::resolve(&store)?;
             let report = t.with_snapshot(|r| match (&dir, &tar) {
-                (Some(d), None) => tools::export_dir(r, &path, d),
+                (Some(d), None) => {
+                    let mut progress = Progress::new("export");
+                    let report = tools::export_dir(r, &path, d, &mut |n| progress.update(n));
+                    progress.finish();
+                    report
+                }
                 (None, Some(f)) if f.as_os_str() == "-" => tools::export_tar(
                     r,
                     &path,
@@ -612,8 +622,12 @@ fn run(cli: Cli) -> Result<i32, String> {
                         );
                         let s = Store::open_or_create(&abs, owner).map_err(|e| e.to_string())?;
                         let limits = crate::fs::Limits::stored(&s);
-                        serde_json::to_value(tools::import(&s, &limits, &dir, &into, strict)?)
-                            .map_err(|e| e.to_string())?
+                        let mut progress = Progress::new("import");
+                        let report = tools::import(&s, &limits, &dir, &into, strict, &mut |n| {
+                            progress.update(n)
+                        });
+                        progress.finish();
+                        serde_json::to_value(report?).map_err(|e| e.to_string())?
                     }
                 };
             if json {
@@ -764,7 +778,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 match &t.mountpoint {
                     // Through the mount, so the kernel's caches stay true.
                     Some(mp) => {
-                        let mut progress = tools::Progress::new("expire");
+                        let mut progress = Progress::new("expire");
                         for (i, (p, _)) in files.iter().enumerate() {
                             let full = mp.join(p.trim_start_matches('/'));
                             std::fs::remove_file(&full)
@@ -1014,6 +1028,38 @@ fn fmt_time(ns: i64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// A progress line on stderr for long operations, only when stderr is a terminal.
+struct Progress {
+    what: &'static str,
+    tty: bool,
+    last: std::time::Instant,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Progress {
+        // SAFETY: isatty on a valid descriptor number has no preconditions.
+        let tty = unsafe { libc::isatty(2) } == 1;
+        Progress {
+            what,
+            tty,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    fn update(&mut self, done: u64) {
+        if self.tty && self.last.elapsed().as_millis() >= 100 {
+            self.last = std::time::Instant::now();
+            eprint!("\r{}: {done} records", self.what);
+        }
+    }
+
+    fn finish(&self) {
+        if self.tty {
+            eprint!("\r\x1b[K");
+        }
+    }
 }
 
 #[cfg(test)]

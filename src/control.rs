@@ -107,7 +107,8 @@ impl Daemon {
         };
         let answer = self.fs().and_then(|fs| {
             let r = fs.store().read().map_err(|e| e.to_string())?;
-            tools::snapshot(&r, Path::new(out)).map(|info| json!({"snapshot": info}))
+            // No progress: the daemon's stderr is not the asking user's.
+            tools::snapshot(&r, Path::new(out), &mut |_| {}).map(|info| json!({"snapshot": info}))
         });
         reply(answer)
     }
@@ -136,8 +137,15 @@ impl Daemon {
         let into = req.get("into").and_then(Value::as_str).unwrap_or("/");
         let strict = req.get("strict").and_then(Value::as_bool).unwrap_or(false);
         let answer = self.fs().and_then(|fs| {
-            tools::import(fs.store(), fs.limits(), Path::new(dir), into, strict)
-                .map(|report| json!({"import": report}))
+            tools::import(
+                fs.store(),
+                fs.limits(),
+                Path::new(dir),
+                into,
+                strict,
+                &mut |_| {},
+            )
+            .map(|report| json!({"import": report}))
         });
         reply(answer)
     }

@@ -235,38 +235,6 @@ impl PathIndex {
     }
 }
 
-/// A progress line on stderr for long operations, only when stderr is a terminal.
-pub struct Progress {
-    what: &'static str,
-    tty: bool,
-    last: std::time::Instant,
-}
-
-impl Progress {
-    pub fn new(what: &'static str) -> Progress {
-        // SAFETY: isatty on a valid descriptor number has no preconditions.
-        let tty = unsafe { libc::isatty(2) } == 1;
-        Progress {
-            what,
-            tty,
-            last: std::time::Instant::now(),
-        }
-    }
-
-    pub fn update(&mut self, done: u64) {
-        if self.tty && self.last.elapsed().as_millis() >= 100 {
-            self.last = std::time::Instant::now();
-            eprint!("\r{}: {done} records", self.what);
-        }
-    }
-
-    pub fn finish(&self) {
-        if self.tty {
-            eprint!("\r\x1b[K");
-        }
-    }
-}
-
 /// What `snapshot` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct SnapshotInfo {
@@ -308,8 +276,9 @@ pub fn verify(path: &Path) -> Result<()> {
 }
 
 /// `snapshot`: a consistent copy of what `r` sees, written to a temporary name, fsynced,
-/// renamed into place with mode 0600, then opened and checked.
-pub fn snapshot(r: &ReadTxn, out: &Path) -> Result<SnapshotInfo> {
+/// renamed into place with mode 0600, then opened and checked. `progress` hears the records
+/// copied so far.
+pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<SnapshotInfo> {
     let started = std::time::Instant::now();
     if out.exists() {
         return Err(format!(
@@ -326,10 +295,7 @@ pub fn snapshot(r: &ReadTxn, out: &Path) -> Result<SnapshotInfo> {
         std::process::id()
     ));
     let _ = std::fs::remove_file(&tmp);
-    let mut progress = Progress::new("snapshot");
-    let copied: std::result::Result<CopyStats, String> =
-        r.copy_to(&tmp, &mut |n| progress.update(n)).map_err(err);
-    progress.finish();
+    let copied: std::result::Result<CopyStats, String> = r.copy_to(&tmp, progress).map_err(err);
     let stats = match copied {
         Ok(s) => s,
         Err(e) => {
@@ -406,12 +372,14 @@ fn time_ns(secs: i64, nsec: i64) -> i64 {
 /// `import`: copies the tree under `src` into the store below `into` in one transaction.
 /// Names the normaliser refuses, symlinks, special files, files over the size limit and names
 /// that already exist are listed and skipped, or fail the whole import when `strict`.
+/// `progress` hears the entries imported so far.
 pub fn import(
     store: &Store,
     limits: &Limits,
     src: &Path,
     into: &str,
     strict: bool,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<ImportReport> {
     let (target, _) = lookup_path(&store.read().map_err(err)?, into)?;
     if target.kind != Kind::Dir {
@@ -419,9 +387,7 @@ pub fn import(
     }
     let mut w = store.write().map_err(err)?;
     let mut report = ImportReport::default();
-    let mut progress = Progress::new("import");
-    import_dir(&mut w, limits, src, target.ino, &mut report, &mut progress)?;
-    progress.finish();
+    import_dir(&mut w, limits, src, target.ino, &mut report, progress)?;
     if strict && !report.skipped.is_empty() {
         let (p, why) = &report.skipped[0];
         return Err(format!(
@@ -439,7 +405,7 @@ fn import_dir(
     src: &Path,
     parent: u64,
     report: &mut ImportReport,
-    progress: &mut Progress,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
     let mut entries: Vec<_> = std::fs::read_dir(src)
         .map_err(|e| format!("{}: {e}", src.display()))?
@@ -529,7 +495,7 @@ fn import_dir(
             report.dirs += 1;
             import_dir(w, limits, &path, inode.ino, report, progress)?;
         }
-        progress.update(report.files + report.dirs);
+        progress(report.files + report.dirs);
     }
     Ok(())
 }
@@ -563,8 +529,13 @@ pub struct ExportReport {
 }
 
 /// `export` to a directory: the tree under `path` with modes and mtimes, into `dest` (created;
-/// must be empty if it exists).
-pub fn export_dir(r: &ReadTxn, path: &str, dest: &Path) -> Result<ExportReport> {
+/// must be empty if it exists). `progress` hears the entries written so far.
+pub fn export_dir(
+    r: &ReadTxn,
+    path: &str,
+    dest: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ExportReport> {
     if dest.exists() && std::fs::read_dir(dest).map_err(err)?.next().is_some() {
         return Err(format!(
             "{}: not empty; export writes into a new or empty directory",
@@ -576,7 +547,6 @@ pub fn export_dir(r: &ReadTxn, path: &str, dest: &Path) -> Result<ExportReport> 
     let base = entries[0].1.path.clone();
     let mut report = ExportReport::default();
     let mut dirs = Vec::new();
-    let mut progress = Progress::new("export");
     for (depth, e) in &entries {
         let rel = e.path[base.len()..].trim_start_matches('/');
         let target = if rel.is_empty() {
@@ -600,9 +570,8 @@ pub fn export_dir(r: &ReadTxn, path: &str, dest: &Path) -> Result<ExportReport> 
             report.files += 1;
             report.bytes += data.len() as u64;
         }
-        progress.update(report.files + report.dirs);
+        progress(report.files + report.dirs);
     }
-    progress.finish();
     // Directories last, deepest first, so writing their children does not move their mtimes.
     for (target, e) in dirs.iter().rev() {
         if target != dest {
@@ -942,7 +911,7 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
                 .and_then(Value::as_str)
                 .ok_or("needs \"out\"")?;
             let r = fs.store().read().map_err(err)?;
-            let info = at_point(&r, seq, |t| snapshot(t, Path::new(out)))?;
+            let info = at_point(&r, seq, |t| snapshot(t, Path::new(out), &mut |_| {}))?;
             json!({"snapshot": info, "at": seq})
         }
         other => return Err(format!("unknown history request {other:?}")),
