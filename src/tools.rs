@@ -341,6 +341,12 @@ pub fn restore(
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(err)?;
+    // A store left by a crash may hold commits only in its log: opening it applies them, so
+    // the file kept below is complete. A log that cannot be applied goes with the old file.
+    let log = crate::store::wal::path_of(store);
+    if log.exists() {
+        drop(Store::open_existing(store));
+    }
     let mut kept = None;
     if store.exists() && !discard_current {
         let secs = now_ns() / 1_000_000_000;
@@ -349,6 +355,13 @@ pub fn restore(
         let k = PathBuf::from(k);
         std::fs::hard_link(store, &k).map_err(|e| format!("keeping {}: {e}", store.display()))?;
         kept = Some(k);
+    }
+    if log.exists() {
+        let moved = match &kept {
+            Some(k) => std::fs::rename(&log, crate::store::wal::path_of(k)),
+            None => std::fs::remove_file(&log),
+        };
+        moved.map_err(|e| format!("{}: {e}", log.display()))?;
     }
     std::fs::rename(&tmp, store).map_err(|e| format!("{}: {e}", store.display()))?;
     fsync_dir(&dir)?;

@@ -252,7 +252,7 @@ fn fsync_reaches_the_disk() {
     assert!(st.success(), "strace/daemon exit status {st}");
     assert!(!is_mounted(&mp), "still mounted after SIGTERM");
 
-    // Syncs of the store file, by the time strace saw them begin.
+    // Syncs of the store file or its log, by the time strace saw them begin.
     let text = std::fs::read_to_string(&trace).unwrap();
     let store_s = store.to_str().unwrap();
     let mut syncs = Vec::new();
@@ -268,7 +268,8 @@ fn fsync_reaches_the_disk() {
         if !(call.starts_with("fsync(") || call.starts_with("fdatasync(")) {
             continue;
         }
-        if !call.contains(&format!("<{store_s}>")) {
+        // The store file, or its write-ahead log (where a durable commit's record goes).
+        if !call.contains(&format!("<{store_s}>")) && !call.contains(&format!("<{store_s}.wal>")) {
             continue;
         }
         syncs.push(ts.parse::<f64>().unwrap());

@@ -159,6 +159,11 @@ fn content_survives_unmount_and_a_killed_daemon() {
         "the killed daemon's store is verified"
     );
     assert_eq!(
+        m.log_text().matches("recovery: applied").count(),
+        1,
+        "what only the write-ahead log held (b.md) was applied"
+    );
+    assert_eq!(
         std::fs::read_to_string(m.path("memories/b.md")).unwrap(),
         "bravo"
     );

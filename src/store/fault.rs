@@ -32,8 +32,17 @@ impl FaultPlan {
         counter.store(nth.max(1), Ordering::SeqCst);
     }
 
+    /// Counts one call of kind `on` (the store's log counts with redb's file); true when
+    /// this one must fail.
+    pub(super) fn hit(&self, on: FaultOn) -> bool {
+        FaultPlan::hit_counter(match on {
+            FaultOn::Write => &self.write_in,
+            FaultOn::Sync => &self.sync_in,
+        })
+    }
+
     /// Counts one call; true when this one must fail.
-    fn hit(counter: &AtomicU64) -> bool {
+    fn hit_counter(counter: &AtomicU64) -> bool {
         counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n > 0).then(|| n - 1)
@@ -66,14 +75,14 @@ impl StorageBackend for FaultyBackend {
     }
 
     fn sync_data(&self) -> Result<(), std::io::Error> {
-        if FaultPlan::hit(&self.plan.sync_in) {
+        if self.plan.hit(FaultOn::Sync) {
             return Err(injected());
         }
         self.inner.sync_data()
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        if FaultPlan::hit(&self.plan.write_in) {
+        if self.plan.hit(FaultOn::Write) {
             return Err(injected());
         }
         self.inner.write(offset, data)

@@ -7,13 +7,15 @@
 
 pub mod fault;
 pub mod schema;
+pub mod wal;
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 
 use schema::*;
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
@@ -82,7 +84,8 @@ fn corrupt(what: &str, ino: u64) -> StoreError {
 /// How a write transaction reaches the disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sync {
-    /// On disk before `commit` returns (one fsync).
+    /// On disk before `commit` returns (one fdatasync of the log, shared by the commits that
+    /// queue meanwhile).
     Durable,
     /// Visible at once, on disk with the next durable commit; lost if the process dies first.
     Deferred,
@@ -120,16 +123,14 @@ pub struct Store {
     /// Armed by the I/O-error tests (`REDBFS_FAULT_INJECTION=1`); None otherwise.
     faults: Option<std::sync::Arc<fault::FaultPlan>>,
     path: PathBuf,
-    /// Commits made so far; a commit takes its number while it holds the write lock.
+    /// The number of the last commit (persistent: `meta` keeps it, and each log record
+    /// carries its own). A commit takes its number while it holds the write lock.
     commits: AtomicU64,
-    /// The highest commit number known to be on disk. Held while a sync runs, so concurrent
-    /// durable commits wait for one fsync and share it (group commit).
-    synced: Mutex<u64>,
+    /// The write-ahead log (see `wal`), started by the first commit after opening; None
+    /// inside when it could not be created (then every commit is a durable redb commit).
+    wal: OnceLock<Option<wal::Wal>>,
     /// History retention in ns; 0 = history off.
     keep_history_ns: AtomicU64,
-    /// Write transactions open or waiting to open. A durable commit that is alone commits
-    /// with its own fsync; with company it joins a shared sync (group commit).
-    writers: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
     /// Process names by pid, for history records (read from /proc once per burst).
@@ -182,12 +183,13 @@ impl Store {
             faults,
             path: path.to_path_buf(),
             commits: AtomicU64::new(0),
-            synced: Mutex::new(0),
+            wal: OnceLock::new(),
             keep_history_ns: AtomicU64::new(0),
-            writers: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
             comms: Mutex::new(HashMap::new()),
         };
+        // Before anything commits: the first commit starts a new log.
+        store.recover()?;
         store.init_or_verify(root_owner)?;
         Ok(store)
     }
@@ -228,20 +230,17 @@ impl Store {
             ));
         }
         let now = now_ns();
-        let tx = &w.tx;
+        for (key, value) in [
+            (META_FORMAT, FORMAT_VERSION as u64),
+            (META_NEXT_INO, ROOT_INO + 1),
+            (META_NEXT_BLOB, 1),
+            (META_CREATED, now as u64),
+            (META_HISTORY_NEXT, 1),
+        ] {
+            w.put_meta(key, &value.to_le_bytes())?;
+        }
         {
-            let mut meta = tx.open_table(META).map_err(map_err)?;
-            meta.insert(
-                META_FORMAT,
-                (FORMAT_VERSION as u64).to_le_bytes().as_slice(),
-            )
-            .map_err(map_err)?;
-            meta.insert(META_NEXT_INO, (ROOT_INO + 1).to_le_bytes().as_slice())
-                .map_err(map_err)?;
-            meta.insert(META_NEXT_BLOB, 1u64.to_le_bytes().as_slice())
-                .map_err(map_err)?;
-            meta.insert(META_CREATED, now.to_le_bytes().as_slice())
-                .map_err(map_err)?;
+            let tx = &w.tx;
             // Create every table so read transactions never meet a missing one.
             tx.open_table(DIRENTS).map_err(map_err)?;
             tx.open_table(FILEMAP).map_err(map_err)?;
@@ -251,8 +250,6 @@ impl Store {
             tx.open_table(HISTORY).map_err(map_err)?;
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
-            meta.insert(META_HISTORY_NEXT, 1u64.to_le_bytes().as_slice())
-                .map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,
@@ -281,18 +278,10 @@ impl Store {
 
     /// Begins a write transaction, waiting for any other writer to finish.
     pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
-        self.writers.fetch_add(1, Ordering::AcqRel);
-        let tx = match self.db.begin_write() {
-            Ok(tx) => tx,
-            Err(e) => {
-                self.writers.fetch_sub(1, Ordering::AcqRel);
-                return Err(map_err(e));
-            }
-        };
         Ok(WriteTxn {
-            tx,
+            tx: self.db.begin_write().map_err(map_err)?,
             store: self,
-            writer: Some(WriterGuard(&self.writers)),
+            redo: RefCell::new(Vec::new()),
             usage: UsageDelta::default(),
             capture: self.history_on().then(Capture::default),
             info: None,
@@ -384,23 +373,80 @@ impl Store {
 
     /// Makes commit number `seq` durable, with every commit before it. Callers that arrive
     /// while a sync runs wait for it and are covered by it, or by the next one, which one of
-    /// them runs for all: one fsync for many commits.
+    /// them runs for all: one fdatasync of the log for many commits.
     pub fn sync_to(&self, seq: u64) -> Result<(), StoreError> {
-        let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
-        if *synced >= seq {
+        match self.wal.get() {
+            Some(Some(wal)) => wal.sync_to(seq),
+            // No log: every commit was a durable redb commit.
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies what the log holds beyond the store's last durable commit (after a crash or a
+    /// kill), durably, and removes the log.
+    fn recover(&self) -> Result<(), StoreError> {
+        let path = wal::path_of(&self.path);
+        let r = self.read()?;
+        let last = r.meta_u64(META_LOG_SEQ)?.unwrap_or(0);
+        let id = r.meta_u64(META_LOG_ID)?.unwrap_or(0);
+        drop(r);
+        self.commits.store(last, Ordering::Release);
+        if !path.exists() {
             return Ok(());
         }
-        let mut tx = self.db.begin_write().map_err(map_err)?;
-        // Read only now, holding the write lock: every commit numbered so far has finished
-        // (numbers are taken under the lock), so this transaction covers them all, including
-        // those that queued for the lock ahead of it. Read before the lock, it would leave them
-        // each to pay another fsync.
-        let target = self.commits.load(Ordering::Acquire);
-        tx.set_durability(redb::Durability::Immediate)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
-        *synced = target;
-        Ok(())
+        let todo: Vec<(u64, Vec<u8>)> = if id == 0 {
+            Vec::new()
+        } else {
+            wal::read(&path, id)?
+                .into_iter()
+                .filter(|(seq, _)| *seq > last)
+                .collect()
+        };
+        if let Some((first, _)) = todo.first()
+            && *first != last + 1
+        {
+            return Err(StoreError::Corrupt(format!(
+                "{} begins at commit {first}, but the store's last durable commit is {last}",
+                path.display()
+            )));
+        }
+        if let Some((upto, _)) = todo.last() {
+            let mut tx = self.db.begin_write().map_err(map_err)?;
+            for (_, payload) in &todo {
+                replay(&tx, payload)?;
+            }
+            tx.open_table(META)
+                .map_err(map_err)?
+                .insert(META_LOG_SEQ, upto.to_le_bytes().as_slice())
+                .map_err(map_err)?;
+            tx.set_durability(redb::Durability::Immediate)
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            tx.commit().map_err(map_err)?;
+            self.commits.store(*upto, Ordering::Release);
+            tracing::warn!(
+                store = %self.path.display(),
+                commits = todo.len(),
+                "recovery: applied the commits the write-ahead log holds beyond the last checkpoint"
+            );
+        }
+        // Every record is in the store now (or belongs to another session): the log is done.
+        std::fs::remove_file(&path)
+            .map_err(|e| StoreError::Io(format!("removing {}: {e}", path.display())))
+    }
+
+    /// Makes every commit durable in the store file itself and removes the log, so the file
+    /// is complete on its own. Only when the store closes: later commits would go to the
+    /// removed file.
+    fn close_log(&self) -> Result<(), StoreError> {
+        let Some(Some(wal)) = self.wal.get() else {
+            return Ok(());
+        };
+        wal.check()?;
+        let mut w = self.write()?;
+        w.without_history();
+        w.commit_numbered_as(Sync::Durable, true)?;
+        std::fs::remove_file(wal.path())
+            .map_err(|e| StoreError::Io(format!("removing {}: {e}", wal.path().display())))
     }
 
     /// Bytes the store file occupies on disk.
@@ -417,6 +463,130 @@ impl Store {
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
         self.db.check_integrity().map_err(map_err)
     }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let healthy = match self.wal.get() {
+            Some(Some(wal)) => wal.healthy(),
+            _ => false,
+        };
+        if healthy && let Err(e) = self.close_log() {
+            tracing::error!(error = %e, "the final checkpoint failed; the log stays and is applied at the next open");
+        }
+    }
+}
+
+/// Applies one log record's changes to `tx`.
+fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
+    let bad = || StoreError::Corrupt("a record of the log does not decode".into());
+    let mut rest = payload;
+    let mut take = |n: usize| -> Result<&[u8], StoreError> {
+        if rest.len() < n {
+            return Err(bad());
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    while let Ok(op) = take(1) {
+        let op = op[0];
+        let name_len = take(1)?[0] as usize;
+        let name = std::str::from_utf8(take(name_len)?)
+            .map_err(|_| bad())?
+            .to_string();
+        let key_len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+        let key = take(key_len)?.to_vec();
+        let value = match op {
+            REDO_PUT => {
+                let n = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+                Some(take(n)?.to_vec())
+            }
+            REDO_DEL => None,
+            _ => return Err(bad()),
+        };
+        let v = value.as_deref();
+        match name.as_str() {
+            "meta" => apply(tx, META, &key, v),
+            "inodes" => apply(tx, INODES, &key, v),
+            "dirents" => apply(tx, DIRENTS, &key, v),
+            "filemap" => apply(tx, FILEMAP, &key, v),
+            "blobs" => apply(tx, BLOBS, &key, v),
+            "orphans" => apply(tx, ORPHANS, &key, v),
+            "blobrefs" => apply(tx, BLOBREFS, &key, v),
+            "history" => apply(tx, HISTORY, &key, v),
+            "marks" => apply(tx, MARKS, &key, v),
+            "redacted" => apply(tx, REDACTED, &key, v),
+            other => Err(StoreError::Corrupt(format!(
+                "the log names a table this build does not know: {other}"
+            ))),
+        }?;
+    }
+    Ok(())
+}
+
+const REDO_PUT: u8 = 1;
+const REDO_DEL: u8 = 2;
+
+/// Puts or removes one key of table `def`, as a log record says.
+fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    let mut t = tx.open_table(def).map_err(map_err)?;
+    match value {
+        Some(v) => drop(
+            t.insert(K::from_bytes(key), V::from_bytes(v))
+                .map_err(map_err)?,
+        ),
+        None => drop(t.remove(K::from_bytes(key)).map_err(map_err)?),
+    }
+    Ok(())
+}
+
+/// Appends a put of `key` = `value` in table `def` to a transaction's redo.
+fn redo_put<K: redb::Key + 'static, V: redb::Value + 'static>(
+    redo: &RefCell<Vec<u8>>,
+    def: TableDefinition<K, V>,
+    key: &K::SelfType<'_>,
+    value: &V::SelfType<'_>,
+) {
+    let mut r = redo.borrow_mut();
+    redo_head(&mut r, REDO_PUT, def, K::as_bytes(key).as_ref());
+    let v = V::as_bytes(value);
+    r.extend_from_slice(&(v.as_ref().len() as u32).to_le_bytes());
+    r.extend_from_slice(v.as_ref());
+}
+
+/// Appends a removal of `key` from table `def` to a transaction's redo.
+fn redo_del<K: redb::Key + 'static, V: redb::Value + 'static>(
+    redo: &RefCell<Vec<u8>>,
+    def: TableDefinition<K, V>,
+    key: &K::SelfType<'_>,
+) {
+    redo_head(
+        &mut redo.borrow_mut(),
+        REDO_DEL,
+        def,
+        K::as_bytes(key).as_ref(),
+    );
+}
+
+fn redo_head<K: redb::Key + 'static, V: redb::Value + 'static>(
+    r: &mut Vec<u8>,
+    op: u8,
+    def: TableDefinition<K, V>,
+    key: &[u8],
+) {
+    use redb::TableHandle;
+    let name = def.name().as_bytes();
+    r.push(op);
+    r.push(name.len() as u8);
+    r.extend_from_slice(name);
+    r.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    r.extend_from_slice(key);
 }
 
 /// Bytes available to unprivileged users on the filesystem that holds `path`.
@@ -597,6 +767,11 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
+        // The copy is complete in itself: no log belongs to it, and none ever matches it.
+        tx.open_table(META)
+            .map_err(map_err)?
+            .remove(META_LOG_ID)
+            .map_err(map_err)?;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
@@ -917,14 +1092,6 @@ struct UsageDelta {
 }
 
 /// One writer counted in `Store::writers`.
-struct WriterGuard<'s>(&'s AtomicU64);
-
-impl Drop for WriterGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 /// What the operation being committed was and who did it, for its history record.
 #[derive(Clone, Debug, Default)]
 pub struct OpInfo {
@@ -953,8 +1120,8 @@ struct Capture {
 pub struct WriteTxn<'s> {
     tx: redb::WriteTransaction,
     store: &'s Store,
-    /// Counts this transaction among the store's writers until it commits or is dropped.
-    writer: Option<WriterGuard<'s>>,
+    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`).
+    redo: RefCell<Vec<u8>>,
     usage: UsageDelta,
     capture: Option<Capture>,
     info: Option<OpInfo>,
@@ -1027,8 +1194,9 @@ impl WriteTxn<'_> {
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         let n = meta_u64_in(&meta, key)?
             .ok_or_else(|| StoreError::Corrupt(format!("meta {key} missing")))?;
-        meta.insert(key, (n + count).to_le_bytes().as_slice())
-            .map_err(map_err)?;
+        let bytes = (n + count).to_le_bytes();
+        meta.insert(key, bytes.as_slice()).map_err(map_err)?;
+        redo_put(&self.redo, META, &key, &bytes.as_slice());
         Ok(n)
     }
 
@@ -1075,16 +1243,19 @@ impl WriteTxn<'_> {
                     }
                     if stored.is_some() {
                         refs.remove(blob).map_err(map_err)?;
+                        redo_del(&self.redo, BLOBREFS, &blob);
                     }
                     gone.push(blob);
                 }
                 1 => {
                     if stored.is_some() {
                         refs.remove(blob).map_err(map_err)?;
+                        redo_del(&self.redo, BLOBREFS, &blob);
                     }
                 }
                 n => {
                     refs.insert(blob, n as u64).map_err(map_err)?;
+                    redo_put(&self.redo, BLOBREFS, &blob, &(n as u64));
                 }
             }
         }
@@ -1095,6 +1266,8 @@ impl WriteTxn<'_> {
             for blob in gone {
                 blobs.remove(blob).map_err(map_err)?;
                 redacted.remove(blob).map_err(map_err)?;
+                redo_del(&self.redo, BLOBS, &blob);
+                redo_del(&self.redo, REDACTED, &blob);
             }
         }
         Ok(())
@@ -1112,10 +1285,13 @@ impl WriteTxn<'_> {
         };
         match new {
             Some(n) => {
-                t.insert(ino, n.encode().as_slice()).map_err(map_err)?;
+                let bytes = n.encode();
+                t.insert(ino, bytes.as_slice()).map_err(map_err)?;
+                redo_put(&self.redo, INODES, &ino, &bytes.as_slice());
             }
             None => {
                 t.remove(ino).map_err(map_err)?;
+                redo_del(&self.redo, INODES, &ino);
             }
         }
         drop(t);
@@ -1146,8 +1322,14 @@ impl WriteTxn<'_> {
     ) -> Result<(), StoreError> {
         let mut t = self.tx.open_table(DIRENTS).map_err(map_err)?;
         let old = match new {
-            Some((ino, kind)) => t.insert((parent, name), (ino, kind.to_byte())),
-            None => t.remove((parent, name)),
+            Some((ino, kind)) => {
+                redo_put(&self.redo, DIRENTS, &(parent, name), &(ino, kind.to_byte()));
+                t.insert((parent, name), (ino, kind.to_byte()))
+            }
+            None => {
+                redo_del(&self.redo, DIRENTS, &(parent, name));
+                t.remove((parent, name))
+            }
         }
         .map_err(map_err)?
         .map(|v| v.value());
@@ -1166,8 +1348,14 @@ impl WriteTxn<'_> {
     pub fn set_filemap(&mut self, ino: u64, idx: u64, new: Option<u64>) -> Result<(), StoreError> {
         let mut t = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let old = match new {
-            Some(b) => t.insert((ino, idx), b),
-            None => t.remove((ino, idx)),
+            Some(b) => {
+                redo_put(&self.redo, FILEMAP, &(ino, idx), &b);
+                t.insert((ino, idx), b)
+            }
+            None => {
+                redo_del(&self.redo, FILEMAP, &(ino, idx));
+                t.remove((ino, idx))
+            }
         }
         .map_err(map_err)?
         .map(|v| v.value());
@@ -1195,8 +1383,10 @@ impl WriteTxn<'_> {
     pub fn set_orphan(&mut self, ino: u64, present: bool) -> Result<(), StoreError> {
         let mut t = self.tx.open_table(ORPHANS).map_err(map_err)?;
         let was = if present {
+            redo_put(&self.redo, ORPHANS, &ino, &());
             t.insert(ino, ())
         } else {
+            redo_del(&self.redo, ORPHANS, &ino);
             t.remove(ino)
         }
         .map_err(map_err)?
@@ -1266,6 +1456,7 @@ impl WriteTxn<'_> {
             for (blob, (_, data)) in (first..).zip(chunks.clone()) {
                 self.written += data.len() as u64;
                 blobs.insert(blob, data).map_err(map_err)?;
+                redo_put(&self.redo, BLOBS, &blob, &data);
             }
         }
         for (blob, (idx, _)) in (first..).zip(chunks) {
@@ -1304,6 +1495,7 @@ impl WriteTxn<'_> {
             .map_err(map_err)?
             .insert(key, value)
             .map_err(map_err)?;
+        redo_put(&self.redo, META, &key, &value);
         Ok(())
     }
 
@@ -1394,6 +1586,7 @@ impl WriteTxn<'_> {
             .map_err(map_err)?
             .remove(r.seq)
             .map_err(map_err)?;
+        redo_del(&self.redo, HISTORY, &r.seq);
         Ok(())
     }
 
@@ -1421,11 +1614,13 @@ impl WriteTxn<'_> {
 
     /// Rewrites one history record (redaction).
     pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        let bytes = r.encode();
         self.tx
             .open_table(HISTORY)
             .map_err(map_err)?
-            .insert(r.seq, r.encode().as_slice())
+            .insert(r.seq, bytes.as_slice())
             .map_err(map_err)?;
+        redo_put(&self.redo, HISTORY, &r.seq, &bytes.as_slice());
         Ok(())
     }
 
@@ -1441,6 +1636,8 @@ impl WriteTxn<'_> {
             .map_err(map_err)?
             .insert(blob, ())
             .map_err(map_err)?;
+        redo_put(&self.redo, BLOBS, &blob, &[].as_slice());
+        redo_put(&self.redo, REDACTED, &blob, &());
         Ok(true)
     }
 
@@ -1478,6 +1675,7 @@ impl WriteTxn<'_> {
             .map_err(map_err)?
             .insert(name, seq)
             .map_err(map_err)?;
+        redo_put(&self.redo, MARKS, &name, &seq);
         Ok(())
     }
 
@@ -1564,37 +1762,116 @@ impl WriteTxn<'_> {
                 (META_CONTENT_BYTES, usage.content_bytes),
                 (META_LAST_COMMIT, now as u64),
             ] {
-                meta.insert(k, v.to_le_bytes().as_slice())
-                    .map_err(map_err)?;
+                let bytes = v.to_le_bytes();
+                meta.insert(k, bytes.as_slice()).map_err(map_err)?;
+                redo_put(&self.redo, META, &k, &bytes.as_slice());
             }
         }
+        self.finish(sync, false)
+    }
+
+    /// Commits as a checkpoint: durable in the store file itself, covering every commit
+    /// before it, after which the log starts again.
+    fn commit_numbered_as(mut self, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
+        self.apply_ref_deltas()?;
+        self.finish(sync, checkpoint)
+    }
+
+    /// Numbers the commit, logs it and commits it in redb; waits for the log when durable.
+    fn finish(self, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
         let store = self.store;
         // Numbered while this transaction holds redb's write lock, so numbers follow commit
-        // order and a sync that begins later covers every number handed out before it.
+        // order and the log's records follow them too. Taken, not just read: the next
+        // writer may start the moment redb's commit returns, before this one could record it.
         let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
-        if sync == Sync::Durable
-            && store.writers.load(Ordering::Acquire) == 1
-            && let Ok(mut synced) = store.synced.try_lock()
+        let result = self.finish_as(seq, sync, checkpoint);
+        if result.is_err()
+            && let Some(Some(wal)) = store.wal.get()
         {
-            // Nobody is syncing: this commit is its own fsync, and covers everything before it.
+            // The number is spent, with or without a record: no later record may follow the
+            // gap, so the log takes none until the store is opened again.
+            wal.fail();
+        }
+        result
+    }
+
+    fn finish_as(mut self, seq: u64, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
+        let store = self.store;
+        let mut meta = self.tx.open_table(META).map_err(map_err)?;
+        meta.insert(META_LOG_SEQ, seq.to_le_bytes().as_slice())
+            .map_err(map_err)?;
+        let wal = match store.wal.get() {
+            Some(w) => w.as_ref(),
+            None => {
+                // The first commit since the store opened starts a log under a new id, and
+                // is a checkpoint, so the store names the log it must be read with.
+                let id = fresh_id();
+                meta.insert(META_LOG_ID, id.to_le_bytes().as_slice())
+                    .map_err(map_err)?;
+                let started = match wal::Wal::start(&store.path, id, seq, store.faults.clone()) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no write-ahead log: every commit writes the store file and fsyncs it");
+                        None
+                    }
+                };
+                drop(meta);
+                let _ = store.wal.set(started);
+                return self.commit_durably(seq);
+            }
+        };
+        drop(meta);
+        let Some(wal) = wal else {
+            return self.commit_durably(seq);
+        };
+        wal.check()?;
+        let redo = self.redo.take();
+        let mut pending = wal.pending();
+        // Near a full disk, pages freed by commits that are not durable in redb are not handed
+        // out again, so each commit is a checkpoint there.
+        let near_full = store.disk_free.load(Ordering::Relaxed) < ROOM_CHECK_ABOVE;
+        if checkpoint || near_full || !pending.fits(redo.len()) {
             self.tx
                 .set_durability(redb::Durability::Immediate)
                 .map_err(|e| StoreError::Io(e.to_string()))?;
             self.tx.commit().map_err(map_err)?;
-            drop(self.writer.take());
-            *synced = (*synced).max(seq);
+            pending.checkpointed(seq);
             return Ok(seq);
         }
-        // A sync is running (or none is needed): commit without an fsync; a durable commit then
-        // waits for a sync that covers it, shared with whatever else committed meanwhile.
+        let mark = pending.push(seq, &redo);
         self.tx
             .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
-        self.tx.commit().map_err(map_err)?;
-        drop(self.writer.take());
+        if let Err(e) = self.tx.commit() {
+            pending.unpush(mark);
+            return Err(map_err(e));
+        }
+        drop(pending);
         if sync == Sync::Durable {
-            store.sync_to(seq)?;
+            wal.sync_to(seq)?;
         }
         Ok(seq)
     }
+
+    /// A durable redb commit (no log, or the log's first commit).
+    fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
+        let mut tx = self.tx;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        Ok(seq)
+    }
+}
+
+/// A random, nonzero id for a new log.
+fn fresh_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let id = if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        now_ns() as u64 ^ ((std::process::id() as u64) << 32)
+    };
+    id.max(1)
 }

@@ -32,7 +32,9 @@
 //! ```
 //!
 //! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
-//! in ns; 0 = history off).
+//! in ns; 0 = history off), "log_seq" u64 (the number of the last commit, the sequence number
+//! of its write-ahead log record), "log_id" u64 (the id of the log the records after the last
+//! durable commit are in; see `wal`).
 //!
 //! # Inode record, version 1 (little-endian)
 //!
@@ -88,6 +90,8 @@ pub(crate) const META_CREATED: &str = "created";
 pub const META_LIMITS: &str = "limits";
 pub(crate) const META_HISTORY_NEXT: &str = "history_next";
 pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
+pub(crate) const META_LOG_SEQ: &str = "log_seq";
+pub(crate) const META_LOG_ID: &str = "log_id";
 
 const INODE_RECORD_VERSION: u8 = 1;
 const INODE_FIXED_LEN: usize = 68;
