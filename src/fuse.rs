@@ -456,7 +456,14 @@ impl Filesystem for FuseFs {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         tracing::debug!(op = "opendir", ino = ino.0);
         match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // The kernel keeps the listing in its page cache across opens: a change through
+            // this mount bumps the directory's version and drops it, and a change made by a
+            // tool through the daemon (revert, rollback, import) sends an invalidation. The
+            // SDK's view lists /memories and every directory under it on each call.
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(self.fail("opendir", ino.0, None, &e)),
         }
     }
@@ -581,12 +588,15 @@ impl Filesystem for FuseFs {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        // Asked on every cp -a and ls --color; answered without a warn line.
-        reply.error(Errno::from_i32(Error::XattrUnsupported.errno()));
+        // ENOSYS: the kernel then answers every later getxattr with EOPNOTSUPP itself. It
+        // asks for security.capability before every write(2) of a file, so each would
+        // otherwise cost a round trip; cp -a and ls --color ask too. No warn line.
+        reply.error(Errno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::from_i32(Error::XattrUnsupported.errno()));
+        // As getxattr: the kernel answers EOPNOTSUPP from then on.
+        reply.error(Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {

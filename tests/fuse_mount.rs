@@ -235,6 +235,30 @@ fn xattrs_are_not_supported_and_cp_a_still_works() {
         std::io::Error::last_os_error().raw_os_error(),
         Some(libc::ENOTSUP)
     );
+    // Twice: the daemon answers the first with ENOSYS, and the kernel then answers ENOTSUP
+    // itself, without a round trip (it asks before every write(2)).
+    for round in 0..2 {
+        let mut buf = [0u8; 64];
+        // SAFETY: valid C strings and a buffer of the length given.
+        let r = unsafe {
+            libc::getxattr(
+                p.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!((r, e), (-1, Some(libc::ENOTSUP)), "getxattr, round {round}");
+        // SAFETY: as above.
+        let r = unsafe { libc::listxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(
+            (r, e),
+            (-1, Some(libc::ENOTSUP)),
+            "listxattr, round {round}"
+        );
+    }
     let src = m.dir.path().join("src");
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("a.md"), "copied").unwrap();

@@ -281,7 +281,7 @@ impl Store {
         Ok(WriteTxn {
             tx: self.db.begin_write().map_err(map_err)?,
             store: self,
-            redo: RefCell::new(Vec::new()),
+            redo: RefCell::new(Some(Vec::new())),
             usage: UsageDelta::default(),
             capture: self.history_on().then(Capture::default),
             info: None,
@@ -548,30 +548,36 @@ fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
 
 /// Appends a put of `key` = `value` in table `def` to a transaction's redo.
 fn redo_put<K: redb::Key + 'static, V: redb::Value + 'static>(
-    redo: &RefCell<Vec<u8>>,
+    redo: &RefCell<Option<Vec<u8>>>,
     def: TableDefinition<K, V>,
     key: &K::SelfType<'_>,
     value: &V::SelfType<'_>,
 ) {
-    let mut r = redo.borrow_mut();
-    redo_head(&mut r, REDO_PUT, def, K::as_bytes(key).as_ref());
+    let mut slot = redo.borrow_mut();
+    let Some(r) = slot.as_mut() else {
+        return;
+    };
     let v = V::as_bytes(value);
+    if r.len() + v.as_ref().len() > wal::MAX_RECORD {
+        // Too large for a record: this transaction commits as a checkpoint, and its content
+        // is not copied a second time.
+        *slot = None;
+        return;
+    }
+    redo_head(r, REDO_PUT, def, K::as_bytes(key).as_ref());
     r.extend_from_slice(&(v.as_ref().len() as u32).to_le_bytes());
     r.extend_from_slice(v.as_ref());
 }
 
 /// Appends a removal of `key` from table `def` to a transaction's redo.
 fn redo_del<K: redb::Key + 'static, V: redb::Value + 'static>(
-    redo: &RefCell<Vec<u8>>,
+    redo: &RefCell<Option<Vec<u8>>>,
     def: TableDefinition<K, V>,
     key: &K::SelfType<'_>,
 ) {
-    redo_head(
-        &mut redo.borrow_mut(),
-        REDO_DEL,
-        def,
-        K::as_bytes(key).as_ref(),
-    );
+    if let Some(r) = redo.borrow_mut().as_mut() {
+        redo_head(r, REDO_DEL, def, K::as_bytes(key).as_ref());
+    }
 }
 
 fn redo_head<K: redb::Key + 'static, V: redb::Value + 'static>(
@@ -1120,8 +1126,9 @@ struct Capture {
 pub struct WriteTxn<'s> {
     tx: redb::WriteTransaction,
     store: &'s Store,
-    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`).
-    redo: RefCell<Vec<u8>>,
+    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`); None once
+    /// it outgrew a log record (the commit is then a checkpoint).
+    redo: RefCell<Option<Vec<u8>>>,
     usage: UsageDelta,
     capture: Option<Capture>,
     info: Option<OpInfo>,
@@ -1827,10 +1834,11 @@ impl WriteTxn<'_> {
         wal.check()?;
         let redo = self.redo.take();
         let mut pending = wal.pending();
+        let fits = redo.as_ref().is_some_and(|r| pending.fits(r.len()));
         // Near a full disk, pages freed by commits that are not durable in redb are not handed
         // out again, so each commit is a checkpoint there.
         let near_full = store.disk_free.load(Ordering::Relaxed) < ROOM_CHECK_ABOVE;
-        if checkpoint || near_full || !pending.fits(redo.len()) {
+        if checkpoint || near_full || !fits {
             self.tx
                 .set_durability(redb::Durability::Immediate)
                 .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -1838,7 +1846,7 @@ impl WriteTxn<'_> {
             pending.checkpointed(seq);
             return Ok(seq);
         }
-        let mark = pending.push(seq, &redo);
+        let mark = pending.push(seq, redo.as_deref().unwrap_or_default());
         self.tx
             .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
