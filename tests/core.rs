@@ -581,7 +581,13 @@ fn notes(
 #[test]
 fn the_log_brings_back_commits_the_store_file_had_not_made_durable() {
     let (dir, fs) = new_fs();
+    fs.store().set_keep_history(86_400 * 1_000_000_000).unwrap();
     let (d, expected) = notes(&fs, |i| 100 + 37 * i);
+    let history = fs.store().read().unwrap().last_seq().unwrap();
+    assert!(
+        history > 50,
+        "history is on: the log carries its records too"
+    );
     let crashed = crash_copy(&dir, "crashed.redb");
     let bare = dir.path().join("bare.redb");
     std::fs::copy(&crashed, &bare).unwrap();
@@ -594,6 +600,7 @@ fn the_log_brings_back_commits_the_store_file_had_not_made_durable() {
 
     let fs = open_at(&crashed);
     assert_eq!(contents(&fs, d), expected);
+    assert_eq!(fs.store().read().unwrap().last_seq().unwrap(), history);
     assert!(
         !wal::path_of(&crashed).exists(),
         "the log is applied and removed at open"

@@ -1,0 +1,132 @@
+//! A transaction's redo: every key it put (with the value) and every key it removed, in
+//! order, encoded for its write-ahead log record (see `wal`), and applied again by recovery.
+//!
+//! Entry: op (u8: 1 put, 2 remove), table name length (u8), table name, key length (u32),
+//! key, and for a put value length (u32) and value; keys and values in redb's own byte
+//! encoding of the table's types. Every write of `WriteTxn` records itself here, so a record
+//! replays the transaction exactly, whatever operation made it.
+
+use std::cell::RefCell;
+
+use redb::TableDefinition;
+
+use super::schema::*;
+use super::{StoreError, map_err, wal};
+
+/// Applies one log record's changes to `tx`.
+pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
+    let bad = || StoreError::Corrupt("a record of the log does not decode".into());
+    let mut rest = payload;
+    let mut take = |n: usize| -> Result<&[u8], StoreError> {
+        if rest.len() < n {
+            return Err(bad());
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    while let Ok(op) = take(1) {
+        let op = op[0];
+        let name_len = take(1)?[0] as usize;
+        let name = std::str::from_utf8(take(name_len)?)
+            .map_err(|_| bad())?
+            .to_string();
+        let key_len = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+        let key = take(key_len)?.to_vec();
+        let value = match op {
+            REDO_PUT => {
+                let n = u32::from_le_bytes(take(4)?.try_into().unwrap()) as usize;
+                Some(take(n)?.to_vec())
+            }
+            REDO_DEL => None,
+            _ => return Err(bad()),
+        };
+        let v = value.as_deref();
+        match name.as_str() {
+            "meta" => apply(tx, META, &key, v),
+            "inodes" => apply(tx, INODES, &key, v),
+            "dirents" => apply(tx, DIRENTS, &key, v),
+            "filemap" => apply(tx, FILEMAP, &key, v),
+            "blobs" => apply(tx, BLOBS, &key, v),
+            "orphans" => apply(tx, ORPHANS, &key, v),
+            "blobrefs" => apply(tx, BLOBREFS, &key, v),
+            "history" => apply(tx, HISTORY, &key, v),
+            "marks" => apply(tx, MARKS, &key, v),
+            "redacted" => apply(tx, REDACTED, &key, v),
+            other => Err(StoreError::Corrupt(format!(
+                "the log names a table this build does not know: {other}"
+            ))),
+        }?;
+    }
+    Ok(())
+}
+
+const REDO_PUT: u8 = 1;
+const REDO_DEL: u8 = 2;
+
+/// Puts or removes one key of table `def`, as a log record says.
+fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), StoreError> {
+    let mut t = tx.open_table(def).map_err(map_err)?;
+    match value {
+        Some(v) => drop(
+            t.insert(K::from_bytes(key), V::from_bytes(v))
+                .map_err(map_err)?,
+        ),
+        None => drop(t.remove(K::from_bytes(key)).map_err(map_err)?),
+    }
+    Ok(())
+}
+
+/// Appends a put of `key` = `value` in table `def` to a transaction's redo.
+pub(super) fn redo_put<K: redb::Key + 'static, V: redb::Value + 'static>(
+    redo: &RefCell<Option<Vec<u8>>>,
+    def: TableDefinition<K, V>,
+    key: &K::SelfType<'_>,
+    value: &V::SelfType<'_>,
+) {
+    let mut slot = redo.borrow_mut();
+    let Some(r) = slot.as_mut() else {
+        return;
+    };
+    let v = V::as_bytes(value);
+    if r.len() + v.as_ref().len() > wal::MAX_RECORD {
+        // Too large for a record: this transaction commits as a checkpoint, and its content
+        // is not copied a second time.
+        *slot = None;
+        return;
+    }
+    redo_head(r, REDO_PUT, def, K::as_bytes(key).as_ref());
+    r.extend_from_slice(&(v.as_ref().len() as u32).to_le_bytes());
+    r.extend_from_slice(v.as_ref());
+}
+
+/// Appends a removal of `key` from table `def` to a transaction's redo.
+pub(super) fn redo_del<K: redb::Key + 'static, V: redb::Value + 'static>(
+    redo: &RefCell<Option<Vec<u8>>>,
+    def: TableDefinition<K, V>,
+    key: &K::SelfType<'_>,
+) {
+    if let Some(r) = redo.borrow_mut().as_mut() {
+        redo_head(r, REDO_DEL, def, K::as_bytes(key).as_ref());
+    }
+}
+
+fn redo_head<K: redb::Key + 'static, V: redb::Value + 'static>(
+    r: &mut Vec<u8>,
+    op: u8,
+    def: TableDefinition<K, V>,
+    key: &[u8],
+) {
+    use redb::TableHandle;
+    let name = def.name().as_bytes();
+    r.push(op);
+    r.push(name.len() as u8);
+    r.extend_from_slice(name);
+    r.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    r.extend_from_slice(key);
+}
