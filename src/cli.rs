@@ -428,6 +428,10 @@ fn run(cli: Cli) -> Result<i32, String> {
                 if let Some(pid) = v["pid"].as_u64() {
                     println!("daemon pid: {pid}");
                     println!("open files: {}", v["open_handles"]);
+                    println!(
+                        "log:        {} bytes since the last checkpoint (commit {})",
+                        v["log_bytes"], v["commits"]
+                    );
                 }
             }
             Ok(0)

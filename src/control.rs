@@ -72,6 +72,7 @@ impl Daemon {
         };
         let usage = fs.store().read().and_then(|r| r.usage());
         let (handles, buffered) = fs.open_counts();
+        let (commits, log_bytes) = fs.store().log_state();
         match usage {
             Ok(u) => json!({
                 "ok": true,
@@ -85,6 +86,8 @@ impl Daemon {
                 "store_bytes": fs.store().file_bytes(),
                 "open_handles": handles,
                 "buffered_bytes": buffered,
+                "commits": commits,
+                "log_bytes": log_bytes,
                 "poisoned": fs.is_poisoned(),
                 "limits": fs.limits(),
             }),

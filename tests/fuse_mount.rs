@@ -22,15 +22,14 @@ fn mountinfo_line(mp: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
-fn daemon_pid(m: &TestMount) -> i32 {
+fn status(m: &TestMount) -> serde_json::Value {
     let out = redbfs(&["status", m.mountpoint.to_str().unwrap(), "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["pid"].as_i64().unwrap() as i32
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
@@ -136,7 +135,12 @@ fn content_survives_unmount_and_a_killed_daemon() {
     let mut f = std::fs::File::create(m.path("memories/b.md")).unwrap();
     f.write_all(b"bravo").unwrap();
     f.sync_all().unwrap();
-    let pid = daemon_pid(&m);
+    let st = status(&m);
+    assert!(
+        st["log_bytes"].as_u64().unwrap() > 0 && st["commits"].as_u64().unwrap() > 0,
+        "b.md's content commit is in the write-ahead log: {st}"
+    );
+    let pid = st["pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,

@@ -451,6 +451,16 @@ impl Store {
             .map_err(|e| StoreError::Io(format!("removing {}: {e}", wal.path().display())))
     }
 
+    /// The number of the last commit, and the bytes of write-ahead log records since the
+    /// last checkpoint (what a crash now would have to apply at the next open).
+    pub fn log_state(&self) -> (u64, u64) {
+        let used = match self.wal.get() {
+            Some(Some(wal)) => wal.used(),
+            _ => 0,
+        };
+        (self.commits.load(Ordering::Acquire), used)
+    }
+
     /// Bytes the store file occupies on disk.
     pub fn file_bytes(&self) -> u64 {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)

@@ -298,6 +298,12 @@ impl Wal {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// Bytes of records since the last checkpoint, written or waiting to be.
+    pub(super) fn used(&self) -> u64 {
+        let p = self.pending();
+        p.offset + p.buf.len() as u64
+    }
+
     /// Whether the log can be removed at close: nothing failed, so a final checkpoint covers
     /// every record.
     pub(super) fn healthy(&self) -> bool {
