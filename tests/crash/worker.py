@@ -285,7 +285,16 @@ class Worker:
     def m_dirrename(self):
         """A directory holding 10,000 files renamed back and forth, within and across parents."""
         places = self.cfg["extra"]["places"]
-        cur = [p for p in places if os.path.isdir(self.abs(p))]
+        cur = []
+        for p in places:
+            # Not os.path.isdir: it reads every error as "not there", so a kill landing before
+            # this first look (ENOTCONN) passed for a lost directory. Only ENOENT means absent;
+            # any other error goes to run(), which records whether the mount was gone.
+            try:
+                if stat.S_ISDIR(os.stat(self.abs(p)).st_mode):
+                    cur.append(p)
+            except FileNotFoundError:
+                pass
         if len(cur) != 1:
             raise SystemExit("dirrename: the directory is at %r, want exactly one of %r" % (cur, places))
         i = places.index(cur[0])
