@@ -522,14 +522,27 @@ fn explicit_mtime_wins_over_a_concurrent_flush_of_earlier_writes() {
 
 // ---- the write-ahead log ----
 
-/// What a crash at this moment leaves: the store file and its log, copied while the store is
-/// open (a killed process leaves the page cache behind, and the copy reads just that).
-fn crash_copy(dir: &tempfile::TempDir, to: &str) -> std::path::PathBuf {
-    let from = dir.path().join("s.redb");
-    let out = dir.path().join(to);
-    std::fs::copy(&from, &out).unwrap();
-    std::fs::copy(wal::path_of(&from), wal::path_of(&out)).unwrap();
-    out
+/// What a crash at this moment leaves of the open store `from`: its file and its log, copied
+/// to `to` while the store is open (a killed process leaves the page cache behind, and the
+/// copy reads just that).
+fn crash_copy(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::copy(from, to).unwrap();
+    std::fs::copy(wal::path_of(from), wal::path_of(to)).unwrap();
+}
+
+/// Opens the store at `path` and checks that directory `dir` holds `expected` and that the
+/// store's invariants hold.
+fn assert_recovered(
+    path: &std::path::Path,
+    dir: u64,
+    expected: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Fs {
+    let fs = open_at(path);
+    assert_eq!(&contents(&fs, dir), expected);
+    let r = fs.store().read().unwrap();
+    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+    drop(r);
+    fs
 }
 
 fn open_at(path: &std::path::Path) -> Fs {
@@ -552,6 +565,16 @@ fn contents(fs: &Fs, dir: u64) -> std::collections::BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// Note `i`'s content: `size` bytes of "note i, " repeated.
+fn note(i: usize, size: usize) -> Vec<u8> {
+    format!("note {i}, ")
+        .into_bytes()
+        .into_iter()
+        .cycle()
+        .take(size)
+        .collect()
+}
+
 /// 50 notes, one renamed and one deleted; returns the directory and what it holds.
 fn notes(
     fs: &Fs,
@@ -561,12 +584,7 @@ fn notes(
     let mut expected = std::collections::BTreeMap::new();
     for i in 0..50 {
         let name = format!("note-{i}.md");
-        let data: Vec<u8> = format!("note {i}, ")
-            .into_bytes()
-            .into_iter()
-            .cycle()
-            .take(sizes(i))
-            .collect();
+        let data = note(i, sizes(i));
         write_file(fs, d, &name, &data);
         expected.insert(name, data);
     }
@@ -588,7 +606,8 @@ fn the_log_brings_back_commits_the_store_file_had_not_made_durable() {
         history > 50,
         "history is on: the log carries its records too"
     );
-    let crashed = crash_copy(&dir, "crashed.redb");
+    let crashed = dir.path().join("crashed.redb");
+    crash_copy(&dir.path().join("s.redb"), &crashed);
     let bare = dir.path().join("bare.redb");
     std::fs::copy(&crashed, &bare).unwrap();
     drop(fs);
@@ -598,33 +617,28 @@ fn the_log_brings_back_commits_the_store_file_had_not_made_durable() {
     assert!(alone.lookup(ROOT_INO, b"memories").is_err());
     drop(alone);
 
-    let fs = open_at(&crashed);
-    assert_eq!(contents(&fs, d), expected);
+    let fs = assert_recovered(&crashed, d, &expected);
     assert_eq!(fs.store().read().unwrap().last_seq().unwrap(), history);
     assert!(
         !wal::path_of(&crashed).exists(),
         "the log is applied and removed at open"
     );
-    let r = fs.store().read().unwrap();
-    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
-    drop(r);
     // And the store goes on from there, through another crash.
     write_file(&fs, d, "after.md", b"after the crash");
     let mut expected = expected;
     expected.insert("after.md".into(), b"after the crash".to_vec());
-    let dir2 = tempfile::tempdir().unwrap();
-    let again = dir2.path().join("again.redb");
-    std::fs::copy(&crashed, &again).unwrap();
-    std::fs::copy(wal::path_of(&crashed), wal::path_of(&again)).unwrap();
+    let again = dir.path().join("again.redb");
+    crash_copy(&crashed, &again);
     drop(fs);
-    assert_eq!(contents(&open_at(&again), d), expected);
+    assert_recovered(&again, d, &expected);
 }
 
 #[test]
 fn a_torn_last_record_is_dropped_and_the_rest_applied() {
     let (dir, fs) = new_fs();
     let (d, mut expected) = notes(&fs, |i| 100 + 37 * i);
-    let crashed = crash_copy(&dir, "crashed.redb");
+    let crashed = dir.path().join("crashed.redb");
+    crash_copy(&dir.path().join("s.redb"), &crashed);
     drop(fs);
     // The last record is the unlink of note-1.md; damage its last byte, as a write torn by a
     // power cut leaves it (never acknowledged, since its fdatasync had not returned).
@@ -634,12 +648,8 @@ fn a_torn_last_record_is_dropped_and_the_rest_applied() {
     bytes[last] ^= 0xff;
     std::fs::write(&log, &bytes).unwrap();
 
-    let fs = open_at(&crashed);
-    let note1: Vec<u8> = b"note 1, ".iter().copied().cycle().take(137).collect();
-    expected.insert("note-1.md".into(), note1);
-    assert_eq!(contents(&fs, d), expected);
-    let r = fs.store().read().unwrap();
-    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+    expected.insert("note-1.md".into(), note(1, 100 + 37));
+    assert_recovered(&crashed, d, &expected);
 }
 
 #[test]
@@ -653,12 +663,10 @@ fn commits_past_the_log_s_capacity_and_large_files_survive_a_crash() {
     expected.insert("big.bin".into(), big);
     write_file(&fs, d, "small.md", b"after the big one");
     expected.insert("small.md".into(), b"after the big one".to_vec());
-    let crashed = crash_copy(&dir, "crashed.redb");
+    let crashed = dir.path().join("crashed.redb");
+    crash_copy(&dir.path().join("s.redb"), &crashed);
     drop(fs);
-    let fs = open_at(&crashed);
-    assert_eq!(contents(&fs, d), expected);
-    let r = fs.store().read().unwrap();
-    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+    assert_recovered(&crashed, d, &expected);
 }
 
 #[test]
@@ -674,5 +682,5 @@ fn a_clean_close_leaves_the_store_file_complete_on_its_own() {
     );
     let copy = dir.path().join("copy.redb");
     std::fs::copy(&path, &copy).unwrap();
-    assert_eq!(contents(&open_at(&copy), d), expected);
+    assert_recovered(&copy, d, &expected);
 }

@@ -218,6 +218,7 @@ fn return_freed_memory() {
         libc::malloc_trim(0);
     }
 }
+
 impl Fs {
     /// Wraps an open store, reclaiming the orphans a crash left behind.
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {

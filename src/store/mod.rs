@@ -446,7 +446,7 @@ impl Store {
         wal.check()?;
         let mut w = self.write()?;
         w.without_history();
-        w.commit_numbered_as(Sync::Durable, true)?;
+        w.commit_checkpoint()?;
         std::fs::remove_file(wal.path())
             .map_err(|e| StoreError::Io(format!("removing {}: {e}", wal.path().display())))
     }
@@ -991,7 +991,6 @@ struct UsageDelta {
     content_bytes: i64,
 }
 
-/// One writer counted in `Store::writers`.
 /// What the operation being committed was and who did it, for its history record.
 #[derive(Clone, Debug, Default)]
 pub struct OpInfo {
@@ -1673,9 +1672,9 @@ impl WriteTxn<'_> {
 
     /// Commits as a checkpoint: durable in the store file itself, covering every commit
     /// before it, after which the log starts again.
-    fn commit_numbered_as(mut self, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
+    fn commit_checkpoint(mut self) -> Result<u64, StoreError> {
         self.apply_ref_deltas()?;
-        self.finish(sync, checkpoint)
+        self.finish(Sync::Durable, true)
     }
 
     /// Numbers the commit, logs it and commits it in redb; waits for the log when durable.
@@ -1733,10 +1732,7 @@ impl WriteTxn<'_> {
         // out again, so each commit is a checkpoint there.
         let near_full = store.disk_free.load(Ordering::Relaxed) < ROOM_CHECK_ABOVE;
         if checkpoint || near_full || !fits {
-            self.tx
-                .set_durability(redb::Durability::Immediate)
-                .map_err(|e| StoreError::Io(e.to_string()))?;
-            self.tx.commit().map_err(map_err)?;
+            self.commit_durably(seq)?;
             pending.checkpointed(seq);
             return Ok(seq);
         }
@@ -1755,7 +1751,8 @@ impl WriteTxn<'_> {
         Ok(seq)
     }
 
-    /// A durable redb commit (no log, or the log's first commit).
+    /// A durable redb commit: a checkpoint, the log's first commit, or any commit without a
+    /// log.
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
         let mut tx = self.tx;
         tx.set_durability(redb::Durability::Immediate)
