@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::json;
 
 use crate::control;
-use crate::fs::NameRules;
+use crate::fs::{LostUpdates, NameRules};
 use crate::mount::{self, LimitOverrides, MountRequest};
 use crate::store::Store;
 use crate::tools;
@@ -21,6 +21,18 @@ use std::io::Write;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LostUpdatesArg {
+    /// Let the replace go through, as a local disk does; log it, count it in status and mark
+    /// its history record `conflict`.
+    Record,
+    /// Fail the replace with EAGAIN (nothing changes), so the tool reads again and retries;
+    /// logged, counted and recorded as with `record`.
+    Refuse,
+    /// Do not track what each process read.
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -73,6 +85,11 @@ enum Cmd {
         /// Name rules. Kept in the store.
         #[arg(long, value_enum)]
         names: Option<Names>,
+        /// What a replace (rename over a file, or open with O_TRUNC) does when the file's
+        /// content was changed by another process after this process last read it. Kept in
+        /// the store [default for a new store: record].
+        #[arg(long, value_enum)]
+        lost_updates: Option<LostUpdatesArg>,
         /// How long history keeps replaced and deleted content, e.g. 30d; 0 turns history
         /// off. Kept in the store [default for a new store: 30d].
         #[arg(long, value_parser = parse_keep)]
@@ -349,6 +366,7 @@ fn run(cli: Cli) -> Result<i32, String> {
             max_path_bytes,
             max_depth,
             names,
+            lost_updates,
             keep_history,
             notify_fd,
         } => {
@@ -384,6 +402,11 @@ fn run(cli: Cli) -> Result<i32, String> {
                     names: names.map(|n| match n {
                         Names::Linux => NameRules::Linux,
                         Names::Portable => NameRules::Portable,
+                    }),
+                    lost_updates: lost_updates.map(|l| match l {
+                        LostUpdatesArg::Record => LostUpdates::Record,
+                        LostUpdatesArg::Refuse => LostUpdates::Refuse,
+                        LostUpdatesArg::Off => LostUpdates::Off,
                     }),
                 },
                 argv,
@@ -431,6 +454,11 @@ fn run(cli: Cli) -> Result<i32, String> {
                     println!(
                         "log:        {} bytes since the last checkpoint (commit {})",
                         v["log_bytes"], v["commits"]
+                    );
+                    println!(
+                        "conflicts:  {} since mount (--lost-updates {})",
+                        v["conflicts"],
+                        v["limits"]["lost_updates"].as_str().unwrap_or("")
                     );
                 }
             }
@@ -857,6 +885,9 @@ fn run(cli: Cli) -> Result<i32, String> {
                         ""
                     }
                 );
+                if let Some(c) = r["conflict"].as_str() {
+                    println!("        {c}");
+                }
             }
             Ok(0)
         }

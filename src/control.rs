@@ -90,6 +90,8 @@ impl Daemon {
                 "log_bytes": log_bytes,
                 "poisoned": fs.is_poisoned(),
                 "limits": fs.limits(),
+                "conflicts": fs.conflicts(),
+                "kernel_references": fs.referenced(),
             }),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         }

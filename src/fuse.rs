@@ -18,7 +18,7 @@ use fuser::{
 };
 
 use crate::fs::history::Invalidation;
-use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet};
+use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet, is_dot};
 use crate::store::{Inode, Kind};
 
 /// How long the kernel may cache entries and attributes. Every change to a mounted store goes
@@ -183,6 +183,12 @@ impl Filesystem for FuseFs {
             Ok(i) => reply.entry_with_ttls(&TTL, &entry_ttl(name, &i), &attr(&i), GEN),
             Err(e) => reply.error(self.fail("lookup", parent.0, Some(name), &e)),
         }
+    }
+
+    // BATCH_FORGET arrives here too: fuser's default splits it (its ForgetOne is private).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        tracing::debug!(op = "forget", ino = ino.0, nlookup);
+        self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -505,18 +511,35 @@ impl Filesystem for FuseFs {
         // Attributes are fetched a batch at a time: the reply buffer holds a few dozen entries.
         const BATCH: usize = 64;
         let mut pos = offset as usize;
-        'outer: while pos < entries.len() {
+        let mut full = false;
+        while pos < entries.len() && !full {
             let batch = &entries[pos..entries.len().min(pos + BATCH)];
             let attrs = match self.fs.attrs(batch) {
                 Ok(a) => a,
                 Err(e) => return reply.error(self.fail("readdirplus", ino.0, None, &e)),
             };
             for (e, a) in batch.iter().zip(attrs) {
-                pos += 1;
                 // An entry removed since the listing was taken is skipped.
-                let Some(a) = a else { continue };
-                if reply.add(INodeNo(e.ino), pos as u64, &e.name, &TTL, &attr(&a), GEN) {
-                    break 'outer;
+                let Some(a) = a else {
+                    pos += 1;
+                    continue;
+                };
+                full = full
+                    || reply.add(
+                        INodeNo(e.ino),
+                        pos as u64 + 1,
+                        &e.name,
+                        &TTL,
+                        &attr(&a),
+                        GEN,
+                    );
+                if full {
+                    // Not sent: the kernel takes no reference to it.
+                    if !is_dot(&e.name) {
+                        self.fs.forget(e.ino, 1);
+                    }
+                } else {
+                    pos += 1;
                 }
             }
         }

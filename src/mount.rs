@@ -50,6 +50,7 @@ pub struct LimitOverrides {
     pub max_path_bytes: Option<usize>,
     pub max_depth: Option<usize>,
     pub names: Option<crate::fs::NameRules>,
+    pub lost_updates: Option<crate::fs::LostUpdates>,
 }
 
 impl LimitOverrides {
@@ -71,6 +72,9 @@ impl LimitOverrides {
         }
         if let Some(v) = self.names {
             l.names = v;
+        }
+        if let Some(v) = self.lost_updates {
+            l.lost_updates = v;
         }
         l
     }
@@ -462,6 +466,10 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
     };
     // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
     fs.flush_all();
+    // The kernel references nothing now: what it kept alive without a name goes.
+    if let Err(e) = fs.reclaim_orphans() {
+        tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
+    }
     let _ = std::fs::remove_file(&socket);
     drop(daemon.take_fs());
     close_store(fs);

@@ -28,6 +28,8 @@ fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
     fs.write(ME, fh, 0, data).unwrap();
     fs.flush(fh).unwrap();
     fs.release(fh).unwrap();
+    // The kernel evicts the inode and returns the create's reference.
+    fs.forget(inode.ino, 1);
     inode.ino
 }
 
@@ -269,6 +271,12 @@ fn unlinked_open_file_lives_until_last_release() {
         vec![inode.ino]
     );
     fs.release(fh).unwrap();
+    // The kernel still holds the create's reference: the orphan stays until FORGET.
+    assert_eq!(
+        fs.store().read().unwrap().orphans().unwrap(),
+        vec![inode.ino]
+    );
+    fs.forget(inode.ino, 1);
     assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
     assert!(
         fs.store()
@@ -280,6 +288,64 @@ fn unlinked_open_file_lives_until_last_release() {
     );
     let fs = reopen(&dir, fs);
     assert_eq!(fs.store().read().unwrap().usage().unwrap().files, 0);
+}
+
+/// A file replaced by rename vanished for a process whose kernel had resolved the name just
+/// before: the old inode was deleted at the rename, so the OPEN that followed found nothing
+/// (ENOENT, where ext4 opens the old file). An inode the kernel references lives, with its
+/// last content, until FORGET.
+#[test]
+fn a_replaced_file_serves_its_last_content_until_the_kernel_forgets_it() {
+    let (_dir, fs) = new_fs();
+    let old = write_file(&fs, ROOT_INO, "t.md", b"old");
+    // Another process resolves t.md (a lookup reference), then the file is replaced.
+    assert_eq!(fs.lookup(ROOT_INO, b"t.md").unwrap().ino, old);
+    let new = write_file(&fs, ROOT_INO, ".tmp", b"new content");
+    fs.rename(ME, ROOT_INO, b".tmp", ROOT_INO, b"t.md", 0)
+        .unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, b"t.md").unwrap().ino, new);
+    fs.forget(new, 1);
+    // The held reference still opens, reads and stats the old inode.
+    let attr = fs.getattr(old).unwrap();
+    assert_eq!((attr.size, attr.nlink), (3, 0));
+    assert_eq!(read_all(&fs, old), b"old");
+    fs.setattr(
+        ME,
+        old,
+        SetAttr {
+            mode: Some(0o640),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(fs.store().read().unwrap().orphans().unwrap(), vec![old]);
+    fs.forget(old, 1);
+    assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
+    assert!(matches!(fs.getattr(old), Err(Error::NotFound)));
+    assert_eq!(read_all(&fs, new), b"new content");
+}
+
+/// The same for a directory removed while the kernel references it: it lists as empty
+/// until FORGET, and a descriptor open on it keeps it after that.
+#[test]
+fn a_removed_directory_lives_while_referenced_or_open() {
+    let (_dir, fs) = new_fs();
+    let d = fs.mkdir(ME, ROOT_INO, b"d", 0o700, 0).unwrap().ino;
+    fs.rmdir(ME, ROOT_INO, b"d").unwrap();
+    assert_eq!(fs.getattr(d).unwrap().nlink, 0);
+    let fh = fs.opendir(d).unwrap();
+    let names: Vec<_> = fs
+        .readdir(fh, 0)
+        .unwrap()
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert_eq!(names, [".", ".."]);
+    fs.forget(d, 1);
+    assert!(fs.getattr(d).is_ok(), "the open descriptor keeps it");
+    fs.releasedir(fh).unwrap();
+    assert!(matches!(fs.getattr(d), Err(Error::NotFound)));
+    assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
 }
 
 #[test]

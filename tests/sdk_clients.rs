@@ -668,3 +668,212 @@ fn session_files_are_ascii_and_cover_every_command() {
         }
     }
 }
+
+// ---- several agents on one memory ----
+
+/// Edits each agent makes in the concurrent-agent tests.
+const AGENT_EDITS: usize = 24;
+
+/// The shared memory the agents edit: a header and one `slot-<agent>-<i>: empty` line for
+/// each str_replace edit.
+fn shared_memory(agents: &[&str]) -> String {
+    let mut text = String::from("# shared notes\n");
+    for a in agents {
+        for i in (1..AGENT_EDITS).step_by(2) {
+            text.push_str(&format!("slot-{a}-{i}: empty\n"));
+        }
+    }
+    text
+}
+
+/// The edits of `agents` missing from `text`.
+fn lost_edits(text: &str, agents: &[&str]) -> Vec<String> {
+    let lines: std::collections::HashSet<&str> = text.lines().collect();
+    let mut lost = Vec::new();
+    for a in agents {
+        for i in 0..AGENT_EDITS {
+            let want = if i % 2 == 0 {
+                format!("{a}-insert-{i}")
+            } else {
+                format!("slot-{a}-{i}: done")
+            };
+            if !lines.contains(want.as_str()) {
+                lost.push(want);
+            }
+        }
+    }
+    lost
+}
+
+/// Runs one `agents_edit` process per group at once on `base`, each group's agents being
+/// async agents in that process; returns each process's tally.
+fn run_agents(client: Client, base: &Path, groups: &[&[&str]]) -> Vec<Value> {
+    let children: Vec<_> = groups
+        .iter()
+        .map(|agents| {
+            client
+                .script("agents_edit")
+                .arg(base)
+                .arg("/memories/shared.md")
+                .arg(AGENT_EDITS.to_string())
+                .args(*agents)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start agents_edit")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().expect("wait for agents_edit");
+            assert!(
+                out.status.success(),
+                "agents_edit failed: {}",
+                describe(&out)
+            );
+            serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("agents_edit output ({e}): {}", describe(&out)))
+        })
+        .collect()
+}
+
+/// Writes the shared memory under `base`, runs the agents, and returns their tallies and the
+/// memory's final text. No command may report that the file no longer exists, and none may
+/// fail except by a lost-update refusal (retried).
+fn agents_on(client: Client, base: &Path, groups: &[&[&str]]) -> (Vec<Value>, String) {
+    let agents: Vec<&str> = groups.iter().flat_map(|g| g.iter().copied()).collect();
+    std::fs::create_dir_all(base.join("memories")).unwrap();
+    let file = base.join("memories/shared.md");
+    std::fs::write(&file, shared_memory(&agents)).unwrap();
+    let tallies = run_agents(client, base, groups);
+    for t in &tallies {
+        assert_eq!(
+            t["vanished"],
+            0,
+            "{}: a command found the file gone: {t}",
+            client.name()
+        );
+        assert_eq!(t["errors"], serde_json::json!([]), "{}: {t}", client.name());
+    }
+    (tallies, std::fs::read_to_string(&file).unwrap())
+}
+
+fn total(tallies: &[Value], key: &str) -> u64 {
+    tallies.iter().map(|t| t[key].as_u64().unwrap()).sum()
+}
+
+fn conflicts_of(m: &TestMount) -> u64 {
+    let out = common::redbfs(&["status", "--json", m.mountpoint.to_str().unwrap()]);
+    assert!(out.status.success(), "status: {}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["conflicts"].as_u64().expect("status counts conflicts")
+}
+
+fn history_text(m: &TestMount) -> String {
+    let out = common::redbfs(&["log", m.mountpoint.to_str().unwrap()]);
+    assert!(out.status.success(), "log: {}", describe(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Two agent processes each editing one memory with `--lost-updates refuse`: a replace of
+/// content the other wrote since this agent read it fails with EAGAIN, the agent retries (the
+/// tool re-reads), and no edit is lost; every refusal is counted and in the history.
+fn refuse_loses_no_edit(client: Client) {
+    if !fuse_available() {
+        return;
+    }
+    client.require();
+    let m = TestMount::with_args(&["--lost-updates", "refuse"]);
+    let (tallies, text) = agents_on(client, &m.mountpoint, &[&["A"], &["B"]]);
+    assert_eq!(
+        lost_edits(&text, &["A", "B"]),
+        Vec::<String>::new(),
+        "{}: {tallies:?}",
+        client.name()
+    );
+    let refusals = total(&tallies, "refusals");
+    assert_eq!(conflicts_of(&m), refusals, "every refusal is counted once");
+    if refusals > 0 {
+        assert!(
+            history_text(&m).contains("conflict"),
+            "refusals are in the history"
+        );
+        assert!(
+            m.log_text().contains("lost update"),
+            "and in the daemon's log"
+        );
+    }
+}
+
+#[test]
+fn node_agent_processes_lose_no_edit_with_refuse() {
+    refuse_loses_no_edit(Client::Node);
+}
+
+#[test]
+fn python_agent_processes_lose_no_edit_with_refuse() {
+    refuse_loses_no_edit(Client::Python);
+}
+
+/// The same two agents with the default `record`: the tools see what they see on a local
+/// directory (no refusal, no vanished file, some edits possibly lost), and every lost edit is
+/// accounted for by a recorded conflict.
+fn record_matches_a_local_directory(client: Client) {
+    if !fuse_available() {
+        return;
+    }
+    client.require();
+    let plain = plain_dir();
+    let (plain_tallies, _) = agents_on(client, plain.path(), &[&["A"], &["B"]]);
+    assert_eq!(total(&plain_tallies, "refusals"), 0);
+    let m = TestMount::new();
+    let (tallies, text) = agents_on(client, &m.mountpoint, &[&["A"], &["B"]]);
+    assert_eq!(total(&tallies, "refusals"), 0, "record never refuses");
+    let lost = lost_edits(&text, &["A", "B"]);
+    if !lost.is_empty() {
+        assert!(
+            conflicts_of(&m) > 0,
+            "{} edits lost without a conflict recorded",
+            lost.len()
+        );
+        assert!(history_text(&m).contains("conflict"));
+    }
+}
+
+#[test]
+fn node_agent_processes_with_record_behave_as_on_a_local_directory() {
+    record_matches_a_local_directory(Client::Node);
+}
+
+#[test]
+fn python_agent_processes_with_record_behave_as_on_a_local_directory() {
+    record_matches_a_local_directory(Client::Python);
+}
+
+/// Two async agents in one process share its pid: the daemon cannot tell their reads apart,
+/// so it never refuses them (SEMANTICS.md says so), and neither ever finds the file gone.
+fn one_process_agents(client: Client) {
+    if !fuse_available() {
+        return;
+    }
+    client.require();
+    let m = TestMount::with_args(&["--lost-updates", "refuse"]);
+    let (tallies, _) = agents_on(client, &m.mountpoint, &[&["A", "B"]]);
+    assert_eq!(
+        total(&tallies, "refusals"),
+        0,
+        "one process is never refused: {tallies:?}"
+    );
+    assert_eq!(conflicts_of(&m), 0);
+}
+
+#[test]
+fn node_async_agents_in_one_process_are_never_refused() {
+    one_process_agents(Client::Node);
+}
+
+#[test]
+fn python_async_agents_in_one_process_are_never_refused() {
+    one_process_agents(Client::PythonAsync);
+}

@@ -49,6 +49,11 @@ pub enum Error {
     },
     /// A history request that cannot be met (history off, expired, no such point).
     History(String),
+    /// A replace that would overwrite another process's edit made after this process last
+    /// read the file (`--lost-updates refuse`).
+    LostUpdate {
+        maker: u32,
+    },
     /// A previous commit failed; writes are refused until restart.
     Poisoned,
     Store(StoreError),
@@ -78,6 +83,9 @@ impl Error {
             // No inodes left, as df -i would show.
             Error::TooManyFiles { .. } => libc::ENOSPC,
             Error::History(_) => libc::EINVAL,
+            // "Resource temporarily unavailable": the SDK's edit commands re-read the file
+            // when the model retries, so a retry applies the edit to the current content.
+            Error::LostUpdate { .. } => libc::EAGAIN,
             Error::Poisoned => libc::EIO,
             Error::Store(StoreError::Full | StoreError::NoRoom) => libc::ENOSPC,
             Error::Store(_) => libc::EIO,
@@ -90,6 +98,8 @@ impl Error {
         matches!(
             self,
             Error::NotFound | Error::Exists | Error::NotEmpty | Error::NotDir | Error::IsDir
+            // Logged once, naming both processes, where it was decided.
+            | Error::LostUpdate { .. }
         )
     }
 }
@@ -131,6 +141,10 @@ impl fmt::Display for Error {
             }
             Error::TooManyFiles { limit } => write!(f, "store would exceed --max-files {limit}"),
             Error::History(m) => write!(f, "{m}"),
+            Error::LostUpdate { maker } => write!(
+                f,
+                "pid {maker} changed the file after this process last read it; read it again and retry (--lost-updates refuse)"
+            ),
             Error::Poisoned => write!(
                 f,
                 "an earlier commit failed; the store refuses writes until the daemon restarts"
@@ -171,5 +185,6 @@ mod tests {
         assert_eq!(Error::Poisoned.errno(), libc::EIO);
         assert_eq!(Error::Store(StoreError::Full).errno(), libc::ENOSPC);
         assert_eq!(Error::Invalid("x").errno(), libc::EINVAL);
+        assert_eq!(Error::LostUpdate { maker: 1 }.errno(), libc::EAGAIN);
     }
 }

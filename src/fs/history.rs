@@ -183,13 +183,14 @@ impl Fs {
             0,
         );
         let res = self.commit_out_of_band(w);
-        for r in removals {
-            self.finish_removal(r, res.is_ok());
+        for (ino, r) in removals {
+            self.finish_removal(ino, r, res.is_ok());
         }
         res
     }
 
-    /// Removes the tree at `name` under `parent` in `w` (open files become orphans).
+    /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle
+    /// holds becomes an orphan).
     fn remove_tree(
         &self,
         w: &mut WriteTxn<'_>,
@@ -197,21 +198,19 @@ impl Fs {
         name: &str,
         ino: u64,
         kind: Kind,
-        removals: &mut Vec<super::Removal>,
+        removals: &mut Vec<(u64, super::Removal)>,
     ) -> Result<()> {
         if kind == Kind::Dir {
             for e in w.list(ino, usize::MAX)? {
                 self.remove_tree(w, ino, &e.name, e.ino, e.kind, removals)?;
             }
-            w.delete_inode(ino)?;
             let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
             p.nlink -= 1;
             w.put_inode(&p)?;
-        } else {
-            let r = self.claim_removal(ino);
-            Self::stage_removal(w, ino, &r)?;
-            removals.push(r);
         }
+        let r = self.claim_removal(ino);
+        Self::stage_removal(w, ino, &r)?;
+        removals.push((ino, r));
         w.remove_dirent(parent, name)?;
         Ok(())
     }

@@ -10,9 +10,11 @@
 //! - lock order is `files` map, then one `OpenFile`; no code holds an `OpenFile` lock while
 //!   taking the map lock.
 
+pub mod conflicts;
 pub mod content;
 pub mod error;
 pub mod history;
+pub mod lifetime;
 pub mod name;
 
 use std::collections::HashMap;
@@ -24,8 +26,11 @@ use serde::{Deserialize, Serialize};
 use crate::store::{
     self, DirEntry, Inode, Kind, OpInfo, ROOT_INO, Store, StoreError, Sync, WriteTxn, now_ns,
 };
+pub use conflicts::LostUpdates;
+use conflicts::{Conflict, Tracker};
 use content::{FileSlot, OpenFile};
 pub use error::{Error, Result};
+use lifetime::{Claim, Lifetimes, Pin};
 pub use name::{Name, NameError, NameRules};
 
 /// The inode at `path` ("/", "/memories/notes.md" or "memories/notes.md") as `r` sees it, and
@@ -75,6 +80,9 @@ pub struct Limits {
     /// Levels of a path from the mount root (ELOOP beyond).
     pub max_depth: usize,
     pub names: NameRules,
+    /// What a replace that would lose another process's edit does.
+    #[serde(default)]
+    pub lost_updates: LostUpdates,
 }
 
 impl Limits {
@@ -101,6 +109,7 @@ impl Default for Limits {
             max_path_bytes: 1024,
             max_depth: 32,
             names: NameRules::Linux,
+            lost_updates: LostUpdates::Record,
         }
     }
 }
@@ -136,6 +145,7 @@ pub struct SetAttr {
 /// How a file is opened.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OpenMode {
+    pub read: bool,
     pub write: bool,
     pub append: bool,
     pub truncate: bool,
@@ -145,6 +155,7 @@ impl OpenMode {
     pub fn from_flags(flags: i32) -> OpenMode {
         let acc = flags & libc::O_ACCMODE;
         OpenMode {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
             write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
             append: flags & libc::O_APPEND != 0,
             truncate: flags & libc::O_TRUNC != 0,
@@ -181,15 +192,22 @@ struct DirHandle {
     entries: Option<Arc<Vec<DirEntry>>>,
 }
 
-/// What removing an inode's last name must do once the transaction commits.
+/// What removing an inode's last name does, decided before its transaction commits.
 enum Removal {
-    /// The file is open: it becomes an orphan, reclaimed at its last release.
-    Open(Arc<FileSlot>),
-    /// Not open: deleted now; the placeholder keeps a racing open out until the commit.
-    Closed(Arc<FileSlot>),
+    /// Referenced by the kernel or open: it becomes an orphan, reclaimed when the last
+    /// reference and handle are gone (`lifetime`). The slot is the file's, if open.
+    Orphan(Option<Arc<FileSlot>>),
+    /// Unreferenced: deleted in the same transaction.
+    Delete,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// `.` and `..`: listed by readdir, never counted as kernel references (the kernel does not
+/// take one for them).
+pub fn is_dot(name: &str) -> bool {
+    name == "." || name == ".."
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding a lock must not take the whole mount down with it.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -204,6 +222,8 @@ pub struct Fs {
     next_fh: AtomicU64,
     poisoned: AtomicBool,
     invalidator: Mutex<Option<history::SharedInvalidator>>,
+    lifetimes: Lifetimes,
+    tracker: Tracker,
 }
 
 /// A commit that frees at least this much buffered content hands the memory back to the
@@ -224,6 +244,7 @@ impl Fs {
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {
         let fs = Fs {
             store,
+            tracker: Tracker::new(limits.lost_updates),
             limits,
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
@@ -231,13 +252,15 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             poisoned: AtomicBool::new(false),
             invalidator: Mutex::new(None),
+            lifetimes: Lifetimes::default(),
         };
         fs.reclaim_orphans()?;
         Ok(fs)
     }
 
-    /// Deletes the files a crash left unlinked but open.
-    fn reclaim_orphans(&self) -> Result<()> {
+    /// Deletes every orphan: at open, those a crash left; at unmount, those the kernel still
+    /// referenced when it let go of the mount.
+    pub fn reclaim_orphans(&self) -> Result<()> {
         let fs = self;
         let mut w = fs.store.write()?;
         let orphans = w.orphans()?;
@@ -257,7 +280,7 @@ impl Fs {
             fs.commit(w, Sync::Durable)?;
             tracing::info!(
                 count = orphans.len(),
-                "reclaimed files unlinked while open before a crash"
+                "reclaimed files unlinked while open or still referenced by the kernel"
             );
         }
         Ok(())
@@ -345,20 +368,55 @@ impl Fs {
 
     // ---- lookups and attributes ----
 
+    /// The entry `raw_name` in `parent`, counted as one kernel reference (an entry reply):
+    /// the inode stays valid, with or without a name, until `forget` returns it.
     pub fn lookup(&self, parent: u64, raw_name: &[u8]) -> Result<Inode> {
         let name = self.parse_name(raw_name)?;
-        let r = self.store.read()?;
-        let p = r.inode(parent)?.ok_or(Error::NotFound)?;
-        if p.kind != Kind::Dir {
-            return Err(Error::NotDir);
+        loop {
+            let epoch = self.lifetimes.epoch();
+            let r = self.store.read()?;
+            let p = r.inode(parent)?.ok_or(Error::NotFound)?;
+            if p.kind != Kind::Dir {
+                return Err(Error::NotDir);
+            }
+            let (ino, _) = r.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+            let inode = r.inode(ino)?.ok_or_else(|| {
+                Error::Store(StoreError::Corrupt(format!(
+                    "dirent {name:?} points to missing inode {ino}"
+                )))
+            })?;
+            drop(r);
+            if self.pin(ino, epoch)? {
+                return Ok(self.overlay(inode));
+            }
+            // Deleted between the read and the pin (its name went first): read again.
+            std::thread::yield_now();
         }
-        let (ino, _) = r.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
-        let inode = r.inode(ino)?.ok_or_else(|| {
-            Error::Store(StoreError::Corrupt(format!(
-                "dirent {name:?} points to missing inode {ino}"
-            )))
-        })?;
-        Ok(self.overlay(inode))
+    }
+
+    /// Counts a kernel reference to `ino`, read at `epoch`; false when the inode is gone or
+    /// going (nothing counted).
+    fn pin(&self, ino: u64, epoch: u64) -> Result<bool> {
+        match self.lifetimes.pin(ino, epoch) {
+            Pin::Held => Ok(true),
+            Pin::Deleting => Ok(false),
+            Pin::Unsure => {
+                if self.store.read()?.inode(ino)?.is_some() {
+                    Ok(true)
+                } else {
+                    self.lifetimes.forget(ino, 1);
+                    Ok(false)
+                }
+            }
+        }
+    }
+
+    /// The kernel returns `n` references to `ino` (FORGET); an orphan left without any is
+    /// reclaimed unless a handle holds it.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if self.lifetimes.forget(ino, n) {
+            self.reclaim_if_unused(ino);
+        }
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Inode> {
@@ -436,6 +494,7 @@ impl Fs {
                 uid: caller.uid,
                 gid: caller.gid,
                 pid: caller.pid,
+                conflict: None,
             });
         }
     }
@@ -743,8 +802,15 @@ impl Fs {
             0,
             0,
         );
-        let seq = self.commit_numbered(w, sync)?;
-        Ok((inode, seq))
+        // The reply names the inode: counted before anyone else can see it.
+        self.lifetimes.pin_new(inode.ino);
+        match self.commit_numbered(w, sync) {
+            Ok(seq) => Ok((inode, seq)),
+            Err(e) => {
+                self.lifetimes.forget(inode.ino, 1);
+                Err(e)
+            }
+        }
     }
 
     /// Creates and opens a regular file.
@@ -768,7 +834,14 @@ impl Fs {
         )?;
         let mut open_mode = OpenMode::from_flags(flags);
         open_mode.truncate = false;
-        let fh = self.open(caller, inode.ino, open_mode)?;
+        let fh = match self.open(caller, inode.ino, open_mode) {
+            Ok(fh) => fh,
+            Err(e) => {
+                // The kernel gets no entry, so it will never forget this reference.
+                self.forget(inode.ino, 1);
+                return Err(e);
+            }
+        };
         if let Ok((f, _)) = self.handle(fh) {
             f.created_in.fetch_max(seq, Ordering::AcqRel);
         }
@@ -783,20 +856,22 @@ impl Fs {
         let f = match map.get(&ino) {
             Some(f) => f.clone(),
             None => {
-                // Read under the map lock: no commit of this inode can slip in between.
+                // A deletion is decided under the map lock: one staged now is not committed
+                // yet, and the store would still show the inode.
+                if self.lifetimes.is_deleting(ino) {
+                    return Err(Error::NotFound);
+                }
                 let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
                 if inode.kind == Kind::Dir {
                     return Err(Error::IsDir);
                 }
                 let f = Arc::new(FileSlot::new(ino, inode.size));
+                // An orphan the kernel still references (opened through a held dentry).
+                f.unlinked.store(inode.nlink == 0, Ordering::Release);
                 map.insert(ino, f.clone());
                 f
             }
         };
-        if f.unlinked.load(Ordering::Acquire) && f.handles.load(Ordering::Acquire) == 0 {
-            // Being removed right now.
-            return Err(Error::NotFound);
-        }
         f.handles.fetch_add(1, Ordering::AcqRel);
         Ok(f)
     }
@@ -838,30 +913,55 @@ impl Fs {
             }
             drop(map);
             if f.unlinked.load(Ordering::Acquire) {
-                self.reclaim(f.ino);
+                self.reclaim_if_unused(f.ino);
             }
             return;
         }
     }
 
-    /// Deletes a file unlinked while open, at its last release.
-    fn reclaim(&self, ino: u64) {
-        let r = self.store.write().map_err(Error::from).and_then(|mut w| {
-            let size = w.inode(ino)?.map_or(0, |i| i.size);
+    /// Whether a handle holds `ino` open. Called with the files map locked.
+    fn is_open(&self, files: &HashMap<u64, Arc<FileSlot>>, ino: u64) -> bool {
+        files.contains_key(&ino) || lock(&self.dirs).values().any(|d| d.ino == ino)
+    }
+
+    /// Deletes an orphan once neither a kernel reference nor a handle holds it: at its last
+    /// FORGET, release or releasedir. Not durable by itself: a crash before the next durable
+    /// commit leaves the orphan mark, and the next mount reclaims it.
+    fn reclaim_if_unused(&self, ino: u64) {
+        let go = {
+            let files = lock(&self.files);
+            let open = self.is_open(&files, ino);
+            self.lifetimes.start_reclaim(ino, open)
+        };
+        if !go {
+            return;
+        }
+        let r = self.writable().and_then(|()| {
+            let mut w = self.store.write()?;
+            let Some(inode) = w.inode(ino)?.filter(|i| i.nlink == 0) else {
+                // The removal that made it an orphan did not commit.
+                return Ok(false);
+            };
             self.describe(
                 &mut w,
                 Caller::default(),
                 "reclaim",
                 ino,
                 |_| Vec::new(),
-                size,
+                inode.size,
                 0,
             );
             w.delete_inode(ino)?;
-            self.commit(w, Sync::Durable)
+            self.commit(w, Sync::Deferred)?;
+            Ok(true)
         });
-        if let Err(e) = r {
-            tracing::error!(ino, error = %e, "could not reclaim an unlinked file; the next mount will");
+        if let Err(e) = &r {
+            tracing::error!(ino, error = %e, "could not reclaim an unlinked inode; the next mount will");
+        }
+        let deleted = r.unwrap_or(false);
+        self.lifetimes.deleted(ino, deleted);
+        if deleted {
+            self.tracker.deleted(ino);
         }
     }
 
@@ -884,6 +984,11 @@ impl Fs {
         );
         let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
         g.stage(&mut w)?;
+        // Under the write lock, so a replace checked after this commit sees it.
+        if let Some(i) = w.inode(g.ino)? {
+            self.tracker
+                .wrote(g.last_writer.pid, g.ino, i.parent, &i.name);
+        }
         self.commit(w, Sync::Durable)?;
         g.committed();
         if large {
@@ -897,6 +1002,25 @@ impl Fs {
             self.writable()?;
         }
         let f = self.acquire(ino)?;
+        let stored = match self.store.read().and_then(|r| r.inode(ino)) {
+            Ok(i) => i,
+            Err(e) => {
+                self.release_file(&f);
+                return Err(e.into());
+            }
+        };
+        if let Some(i) = &stored {
+            if mode.truncate
+                && let Some(c) = self.tracker.check(caller.pid, ino, i.parent, &i.name)
+                && let Err(e) = self.lost_update(caller, "truncate", i.parent, &i.name, &c, None)
+            {
+                self.release_file(&f);
+                return Err(e);
+            }
+            if mode.read {
+                self.tracker.read(caller.pid, ino, i.parent, &i.name);
+            }
+        }
         // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
         if mode.truncate {
             let mut g = lock(&f.content);
@@ -911,23 +1035,84 @@ impl Fs {
         }
         let fh = self.new_fh();
         lock(&self.handles).insert(fh, Handle { file: f, mode });
-        if let Err(e) = self.refresh_atime(ino) {
+        if let Some(i) = stored
+            && let Err(e) = self.refresh_atime(i)
+        {
             tracing::warn!(ino, error = %e, "could not update the access time");
         }
         Ok(fh)
     }
 
+    /// A replace (`op`) of `name` in `parent` by `caller` would lose another process's edit:
+    /// one warn line, the count, and the history record (`w`, the replace's own transaction,
+    /// in `record` mode; a record of its own when refused or when the replace has none).
+    /// Err(LostUpdate) when the mode is `refuse`.
+    fn lost_update(
+        &self,
+        caller: Caller,
+        op: &'static str,
+        parent: u64,
+        name: &str,
+        c: &Conflict,
+        w: Option<&mut WriteTxn<'_>>,
+    ) -> Result<()> {
+        let refuse = self.tracker.mode() == LostUpdates::Refuse;
+        self.tracker.counted();
+        let path = self.path_of(parent);
+        let path = format!("{}/{name}", path.trim_end_matches('/'));
+        let note = format!(
+            "conflict: {}{}",
+            c.describe(),
+            if refuse { " (refused)" } else { "" }
+        );
+        tracing::warn!(
+            op,
+            path,
+            replacer = c.replacer,
+            maker = c.maker,
+            refused = refuse,
+            "lost update: {}",
+            c.describe()
+        );
+        match w {
+            Some(w) if !refuse => {
+                w.note_conflict(note);
+            }
+            _ if self.store.history_on() => {
+                let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+                    self.describe(&mut w, caller, op, 0, |_| vec![path.clone()], 0, 0);
+                    w.note_conflict(note);
+                    self.commit(w, Sync::Deferred)
+                });
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "could not record the conflict in the history");
+                }
+            }
+            _ => {}
+        }
+        if refuse {
+            Err(Error::LostUpdate { maker: c.maker })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Conflicts (lost updates recorded or refused) since mount, for status.
+    pub fn conflicts(&self) -> u64 {
+        self.tracker.conflicts()
+    }
+
     /// Moves atime to now if it is more than `ATIME_INTERVAL_NS` old (deferred commit).
-    fn refresh_atime(&self, ino: u64) -> Result<()> {
+    fn refresh_atime(&self, stored: Inode) -> Result<()> {
         let now = now_ns();
         let stale = |i: &Inode| now - i.atime > ATIME_INTERVAL_NS;
-        if self.is_poisoned() || !self.store.read()?.inode(ino)?.is_some_and(|i| stale(&i)) {
+        if self.is_poisoned() || !stale(&stored) {
             return Ok(());
         }
         let mut w = self.store.write()?;
         // Access times are not history: they would bury the changes that matter.
         w.without_history();
-        if let Some(mut i) = w.inode(ino)?.filter(stale) {
+        if let Some(mut i) = w.inode(stored.ino)?.filter(stale) {
             i.atime = now;
             w.put_inode(&i)?;
             self.commit(w, Sync::Deferred)?;
@@ -1013,49 +1198,59 @@ impl Fs {
 
     // ---- removing ----
 
-    /// Prepares the removal of a file's last name; see `Removal`.
+    /// Decides what removing the last name of `ino` (a file or a directory) does; see
+    /// `Removal`.
     fn claim_removal(&self, ino: u64) -> Removal {
-        // Atomics only: this runs under the store's write lock, so it must never wait for a
-        // content lock (a commit holds that while it waits for the write lock).
-        let mut map = lock(&self.files);
-        if let Some(f) = map.get(&ino) {
-            let f = f.clone();
-            f.unlinked.store(true, Ordering::Release);
-            Removal::Open(f)
-        } else {
-            let f = Arc::new(FileSlot::new(ino, 0));
-            f.unlinked.store(true, Ordering::Release);
-            map.insert(ino, f.clone());
-            Removal::Closed(f)
+        // Short locks only: this runs under the store's write lock, so it must never wait for
+        // a content lock (a commit holds that while it waits for the write lock).
+        let files = lock(&self.files);
+        let open = self.is_open(&files, ino);
+        match self.lifetimes.claim(ino, open) {
+            Claim::Orphan => {
+                let slot = files.get(&ino).cloned();
+                if let Some(f) = &slot {
+                    f.unlinked.store(true, Ordering::Release);
+                }
+                Removal::Orphan(slot)
+            }
+            Claim::Delete => Removal::Delete,
         }
     }
 
-    /// Stages the removal in `w`: an orphan mark for an open file, deletion otherwise.
+    /// Stages the removal in `w`: an orphan mark (nlink 0, as ext4 shows an unlinked open
+    /// file), or deletion.
     fn stage_removal(w: &mut WriteTxn<'_>, ino: u64, removal: &Removal) -> Result<()> {
         match removal {
-            Removal::Open(_) => {
+            Removal::Orphan(_) => {
                 let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
                 inode.nlink = 0;
                 inode.ctime = now_ns();
                 w.put_inode(&inode)?;
                 w.add_orphan(ino)?;
             }
-            Removal::Closed(_) => w.delete_inode(ino)?,
+            Removal::Delete => w.delete_inode(ino)?,
         }
         Ok(())
     }
 
-    fn finish_removal(&self, removal: Removal, committed: bool) {
+    /// After the removal's transaction: undoes the claim if it did not commit; an orphan
+    /// whose last reference went meanwhile is reclaimed now.
+    fn finish_removal(&self, ino: u64, removal: Removal, committed: bool) {
         match removal {
-            Removal::Open(f) => {
-                if !committed {
-                    f.unlinked.store(false, Ordering::Release);
+            Removal::Orphan(slot) => {
+                if committed {
+                    self.reclaim_if_unused(ino);
+                } else {
+                    if let Some(f) = slot {
+                        f.unlinked.store(false, Ordering::Release);
+                    }
+                    self.lifetimes.unclaim(ino);
                 }
             }
-            Removal::Closed(f) => {
-                let mut map = lock(&self.files);
-                if map.get(&f.ino).is_some_and(|g| Arc::ptr_eq(g, &f)) {
-                    map.remove(&f.ino);
+            Removal::Delete => {
+                self.lifetimes.deleted(ino, committed);
+                if committed {
+                    self.tracker.deleted(ino);
                 }
             }
         }
@@ -1091,7 +1286,7 @@ impl Fs {
             Ok(())
         })();
         let res = staged.and_then(|()| self.commit(w, Sync::Durable));
-        self.finish_removal(removal, res.is_ok());
+        self.finish_removal(ino, removal, res.is_ok());
         res
     }
 
@@ -1116,28 +1311,20 @@ impl Fs {
             0,
             0,
         );
-        w.remove_dirent(parent, name.as_str())?;
-        self.remove_dir_inode(&mut w, ino)?;
-        let now = now_ns();
-        p.nlink -= 1;
-        p.mtime = now;
-        p.ctime = now;
-        w.put_inode(&p)?;
-        self.commit(w, Sync::Durable)
-    }
-
-    /// Removes an empty directory's inode; one still open through a descriptor becomes an
-    /// orphan (nlink 0, as on ext4) until its last releasedir.
-    fn remove_dir_inode(&self, w: &mut WriteTxn<'_>, ino: u64) -> Result<()> {
-        let open = lock(&self.dirs).values().any(|d| d.ino == ino);
-        if !open {
-            return Ok(w.delete_inode(ino)?);
-        }
-        let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
-        inode.nlink = 0;
-        inode.ctime = now_ns();
-        w.put_inode(&inode)?;
-        Ok(w.add_orphan(ino)?)
+        let removal = self.claim_removal(ino);
+        let staged = (|| {
+            w.remove_dirent(parent, name.as_str())?;
+            Self::stage_removal(&mut w, ino, &removal)?;
+            let now = now_ns();
+            p.nlink -= 1;
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(&p)?;
+            Ok(())
+        })();
+        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+        self.finish_removal(ino, removal, res.is_ok());
+        res
     }
 
     // ---- rename ----
@@ -1227,16 +1414,39 @@ impl Fs {
                 }
                 (Kind::File, Kind::File) => {}
             }
-            if dk == Kind::File {
-                removal = Some((d, self.claim_removal(d)));
+            if src_kind == Kind::File
+                && let Some(c) = self
+                    .tracker
+                    .check(caller.pid, d, new_parent, new_name.as_str())
+            {
+                if self.tracker.mode() == LostUpdates::Refuse {
+                    // Nothing changes; the refusal gets a record of its own.
+                    drop(w);
+                    return self.lost_update(
+                        caller,
+                        "rename",
+                        new_parent,
+                        new_name.as_str(),
+                        &c,
+                        None,
+                    );
+                }
+                self.lost_update(
+                    caller,
+                    "rename",
+                    new_parent,
+                    new_name.as_str(),
+                    &c,
+                    Some(&mut w),
+                )?;
             }
+            removal = Some((d, self.claim_removal(d)));
         }
         let staged = (|| -> Result<()> {
             let now = now_ns();
             if let Some((d, dk)) = dst {
-                match &removal {
-                    Some((_, r)) => Self::stage_removal(&mut w, d, r)?,
-                    None => self.remove_dir_inode(&mut w, d)?,
+                if let Some((_, r)) = &removal {
+                    Self::stage_removal(&mut w, d, r)?;
                 }
                 if dk == Kind::Dir {
                     let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
@@ -1272,8 +1482,12 @@ impl Fs {
             Ok(())
         })();
         let res = staged.and_then(|()| self.commit(w, Sync::Durable));
-        if let Some((_, r)) = removal {
-            self.finish_removal(r, res.is_ok());
+        if let Some((d, r)) = removal {
+            self.finish_removal(d, r, res.is_ok());
+        }
+        if res.is_ok() && src_kind == Kind::File {
+            self.tracker
+                .renamed(caller.pid, src, new_parent, new_name.as_str());
         }
         res
     }
@@ -1369,33 +1583,37 @@ impl Fs {
         Ok(entries)
     }
 
-    /// Attributes for a batch of entries, in one read transaction.
+    /// Attributes for a batch of entries, in one read transaction, each but `.` and `..`
+    /// counted as a kernel reference (readdirplus); None for an entry gone since the listing.
+    /// The caller `forget`s those it does not send.
     pub fn attrs(&self, entries: &[DirEntry]) -> Result<Vec<Option<Inode>>> {
-        let r = self.store.read()?;
-        entries
-            .iter()
-            .map(|e| Ok(r.inode(e.ino)?.map(|i| self.overlay(i))))
-            .collect()
+        let epoch = self.lifetimes.epoch();
+        let found: Vec<Option<Inode>> = {
+            let r = self.store.read()?;
+            entries
+                .iter()
+                .map(|e| r.inode(e.ino))
+                .collect::<std::result::Result<_, _>>()?
+        };
+        let mut out = Vec::with_capacity(found.len());
+        for (e, i) in entries.iter().zip(found) {
+            out.push(match i {
+                Some(i) if is_dot(&e.name) || self.pin(i.ino, epoch)? => Some(self.overlay(i)),
+                _ => None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Kernel references to inodes, for status.
+    pub fn referenced(&self) -> usize {
+        self.lifetimes.referenced()
     }
 
     pub fn releasedir(&self, fh: u64) -> Result<()> {
-        let ino = {
-            let mut dirs = lock(&self.dirs);
-            let d = dirs.remove(&fh).ok_or(Error::BadHandle)?;
-            if dirs.values().any(|o| o.ino == d.ino) {
-                return Ok(());
-            }
-            d.ino
-        };
-        // The last descriptor of a removed directory: its inode goes now.
-        if self.store.read()?.inode(ino)?.is_some_and(|i| i.nlink == 0) {
-            self.writable()?;
-            let mut w = self.store.write()?;
-            if w.inode(ino)?.is_some_and(|i| i.nlink == 0) {
-                w.delete_inode(ino)?;
-                self.commit(w, Sync::Durable)?;
-            }
-        }
+        let d = lock(&self.dirs).remove(&fh).ok_or(Error::BadHandle)?;
+        // The last descriptor of a removed directory that the kernel no longer references.
+        self.reclaim_if_unused(d.ino);
         Ok(())
     }
 

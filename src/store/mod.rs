@@ -1002,6 +1002,8 @@ pub struct OpInfo {
     pub uid: u32,
     pub gid: u32,
     pub pid: u32,
+    /// A lost update this operation made or was refused for (see `fs::conflicts`).
+    pub conflict: Option<String>,
 }
 
 /// Before-images captured while history is on.
@@ -1053,6 +1055,13 @@ impl WriteTxn<'_> {
     /// Names the operation for its history record.
     pub fn describe(&mut self, info: OpInfo) {
         self.info = Some(info);
+    }
+
+    /// Notes a lost update on the operation `describe` named (kept only with history on).
+    pub fn note_conflict(&mut self, note: String) {
+        if let Some(i) = &mut self.info {
+            i.conflict = Some(note);
+        }
     }
 
     fn first_touch(&mut self, tag: u8, a: u64, b: u64, name: &str) -> bool {
@@ -1618,8 +1627,10 @@ impl WriteTxn<'_> {
         if self.lacks_room()? {
             return Err(StoreError::NoRoom);
         }
+        // A refused replace changes nothing but is recorded all the same.
+        let noted = self.info.as_ref().is_some_and(|i| i.conflict.is_some());
         if let Some(c) = self.capture.take()
-            && !c.undo.is_empty()
+            && (!c.undo.is_empty() || noted)
         {
             let seq = self.next_counter(META_HISTORY_NEXT)?;
             let info = self.info.take().unwrap_or(OpInfo {
@@ -1644,6 +1655,7 @@ impl WriteTxn<'_> {
                 },
                 redacted: false,
                 undo: c.undo,
+                conflict: info.conflict,
             };
             self.put_record(&record)?;
             let keep = self.store.keep_history_ns.load(Ordering::Relaxed);

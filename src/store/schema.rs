@@ -218,13 +218,17 @@ pub enum Undo {
 /// ```text
 /// u8 version (1) | i64 time | str op | u16 n, n x str paths | u64 ino | u64 size_before |
 /// u64 size_after | u32 uid | u32 gid | u32 pid | str comm | u8 flags (1: content redacted) |
-/// u32 n, n x undo
+/// u32 n, n x undo | [u8 1, str conflict]
 /// undo: u8 tag, then
 ///   1 inode:   u64 ino, u8 has, [u32 len, bytes]
 ///   2 dirent:  u64 parent, str name, u8 has, [u64 ino, u8 kind]
 ///   3 filemap: u64 ino, u64 idx, u8 has, [u64 blob]
 ///   4 orphan:  u64 ino, u8 present
 /// ```
+///
+/// The trailing conflict note (a replace that overwrote or was refused for overwriting
+/// another process's edit) was added within version 1: records without it end after the
+/// undo list, and readers that predate it ignore it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct HistoryRecord {
     pub seq: u64,
@@ -241,6 +245,9 @@ pub struct HistoryRecord {
     pub redacted: bool,
     #[serde(skip)]
     pub undo: Vec<Undo>,
+    /// Set when this replace lost, or was refused for losing, another process's edit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<String>,
 }
 
 const HISTORY_RECORD_VERSION: u8 = 1;
@@ -358,6 +365,10 @@ impl HistoryRecord {
                 }
             }
         }
+        if let Some(c) = &self.conflict {
+            e.u8(1);
+            e.str(c);
+        }
         e.0
     }
 
@@ -385,6 +396,7 @@ impl HistoryRecord {
             comm: d.str()?,
             redacted: d.u8()? != 0,
             undo: Vec::new(),
+            conflict: None,
         };
         let n = d.u32()?;
         for _ in 0..n {
@@ -423,6 +435,9 @@ impl HistoryRecord {
             };
             r.undo.push(u);
         }
+        if d.u8() == Some(1) {
+            r.conflict = Some(d.str()?);
+        }
         Some(r)
     }
 }
@@ -446,6 +461,7 @@ mod tests {
             pid: 4242,
             comm: "node".into(),
             redacted: false,
+            conflict: Some("pid 1 replaced content pid 2 wrote".into()),
             undo: vec![
                 Undo::Inode {
                     ino: 5,
