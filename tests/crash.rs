@@ -521,8 +521,19 @@ fn unlinked_while_open_is_reclaimed_after_kill() {
     let mut got = Vec::new();
     r.read_to_end(&mut got).unwrap();
     assert!(got == data, "readable after unlink");
+    // A directory removed while a process has it as its working directory: the kernel
+    // references it, so it lives on as an orphan too.
+    std::fs::create_dir(tm.path("held")).unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .current_dir(tm.path("held"))
+        .spawn()
+        .unwrap();
+    std::fs::remove_dir(tm.path("held")).unwrap();
 
     kill_daemon(daemon_pid(&tm.mountpoint));
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
     drop(r); // the close fails against the dead mount; nothing to do with it
     tm.unmount(); // clears the stale mount
 

@@ -942,12 +942,14 @@ impl Fs {
                 // The removal that made it an orphan did not commit.
                 return Ok(false);
             };
+            // Named by the path the inode had, so that path's history (redact, log PATH)
+            // finds the content this record keeps for rollback.
             self.describe(
                 &mut w,
                 Caller::default(),
                 "reclaim",
                 ino,
-                |_| Vec::new(),
+                |w| vec![self.path_in(w, inode.parent, &inode.name)],
                 inode.size,
                 0,
             );
