@@ -1000,11 +1000,7 @@ pub fn log(
     since_ns: Option<i64>,
     limit: usize,
 ) -> Result<Vec<HistoryRecord>> {
-    // Reclaiming an inode after its last name went is bookkeeping (the unlink or rename that
-    // removed the name has its own record); it stays in the history for rollback only.
-    let mut records = r.history_of(path, since_ns, limit).map_err(err)?;
-    records.retain(|rec| rec.op != "reclaim");
-    Ok(records)
+    r.history_of(path, since_ns, limit).map_err(err)
 }
 
 /// `show`: a file's content at a point.
