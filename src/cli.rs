@@ -148,6 +148,13 @@ enum Cmd {
         /// Export only this path of the store.
         #[arg(long, default_value = "/")]
         path: String,
+        /// Give files and directories their recorded owners (root only); only then are setuid
+        /// and setgid bits kept.
+        #[arg(long)]
+        same_owner: bool,
+        /// Replace an existing --tar FILE (a symlink there is replaced, never followed).
+        #[arg(long)]
+        force: bool,
     },
     /// Copy a directory's tree into a store (created if missing) in one transaction.
     Import {
@@ -322,11 +329,9 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
         .with_target(false);
     match log_file {
         Some(p) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(|e| format!("log file {}: {e}", p.display()))?;
+            // Mode 0600 when created; a symlink planted at the log's name is never followed.
+            let f = crate::private::open_append(p)
+                .map_err(|e| format!("log file {}", crate::private::describe(p, e)))?;
             builder
                 .with_ansi(false)
                 .with_writer(std::sync::Mutex::new(f))
@@ -340,6 +345,11 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
 }
 
 pub fn main() -> i32 {
+    // Nothing redbfs creates is for group or others, whatever umask it was started with: the
+    // files have explicit modes, and this covers the directories (scratch copies, a new
+    // mountpoint, an export's parents).
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    nix::sys::stat::umask(old | nix::sys::stat::Mode::from_bits_truncate(0o077));
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
@@ -371,20 +381,32 @@ fn run(cli: Cli) -> Result<i32, String> {
             notify_fd,
         } => {
             let daemon = foreground || notify_fd.is_some();
+            let store_path = store
+                .clone()
+                .unwrap_or_else(|| mount::default_store(&mountpoint));
+            let background_log = log_file.clone().unwrap_or_else(|| {
+                let mut p = store_path.clone().into_os_string();
+                p.push(".log");
+                PathBuf::from(p)
+            });
             if daemon {
                 let log = match (&log_file, notify_fd) {
                     (Some(p), _) => Some(p.clone()),
-                    (None, Some(_)) => {
-                        let s = store
-                            .clone()
-                            .unwrap_or_else(|| mount::default_store(&mountpoint));
-                        let mut p = s.into_os_string();
-                        p.push(".log");
-                        Some(PathBuf::from(p))
-                    }
+                    (None, Some(_)) => Some(background_log),
                     (None, None) => None,
                 };
                 init_logging(verbose, log.as_deref())?;
+            } else {
+                // The daemon started below logs there: refuse here, where the reason can be
+                // printed, what it would refuse (a symlink at the log's name).
+                crate::private::check_store_dir(&store_path)?;
+                if std::fs::symlink_metadata(&background_log).is_ok_and(|m| m.is_symlink()) {
+                    let e = std::io::Error::from_raw_os_error(libc::ELOOP);
+                    return Err(format!(
+                        "log file {}",
+                        crate::private::describe(&background_log, e)
+                    ));
+                }
             }
             let argv: Vec<String> = std::env::args().skip(1).collect();
             let req = MountRequest {
@@ -545,7 +567,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 }
             };
             if to_stdout {
-                let copied = std::fs::File::open(&dest)
+                let copied = crate::private::open_read(&dest)
                     .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
                 let _ = std::fs::remove_file(&dest);
                 copied.map_err(|e| format!("writing the snapshot to stdout: {e}"))?;
@@ -596,12 +618,15 @@ fn run(cli: Cli) -> Result<i32, String> {
             dir,
             tar,
             path,
+            same_owner,
+            force,
         } => {
+            let opts = tools::ExportOptions { same_owner };
             let t = Target::resolve(&store)?;
             let report = t.with_snapshot(|r| match (&dir, &tar) {
                 (Some(d), None) => {
                     let mut progress = Progress::new("export");
-                    let report = tools::export_dir(r, &path, d, &mut |n| progress.update(n));
+                    let report = tools::export_dir(r, &path, d, opts, &mut |n| progress.update(n));
                     progress.finish();
                     report
                 }
@@ -611,8 +636,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                     &mut std::io::BufWriter::new(std::io::stdout().lock()),
                 ),
                 (None, Some(f)) => {
-                    let file =
-                        std::fs::File::create(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                    let file = crate::private::create_output(f, force)?;
                     let mut w = std::io::BufWriter::new(file);
                     let rep = tools::export_tar(r, &path, &mut w)?;
                     w.into_inner()
@@ -1020,6 +1044,7 @@ impl Target {
         }
         let dir = tempfile::Builder::new()
             .prefix("redbfs-export-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(|e| e.to_string())?;
         let snap = dir.path().join("snapshot.redb");

@@ -8,7 +8,6 @@
 //! carries `"error"` with a message for a person.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -213,8 +212,15 @@ pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    // bind(2) creates the socket with 0777 less the umask, and a chmod after it would leave a
+    // window and act on a path: so the socket is made under a umask that leaves it 0600. The
+    // umask is the process's; every file this daemon creates meanwhile has an explicit mode
+    // no wider than 0600, so the moment's umask takes nothing from it. bind never follows a
+    // symlink at the path (EADDRINUSE).
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(&path);
+    nix::sys::stat::umask(old);
+    let listener = bound?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {

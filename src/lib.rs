@@ -1,7 +1,8 @@
 //! redbfs: a transactional redb store mounted as a real directory over FUSE, for AI-agent
 //! memory. Layers, top to bottom: `cli` (arguments, human output), `mount` (daemon
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
-//! (filesystem semantics, testable without a mount), `store` (the only module naming redb).
+//! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
+//! `private` creates every file redbfs keeps on the host, private and never through a symlink.
 
 pub mod check;
 pub mod cli;
@@ -10,6 +11,7 @@ pub mod diff;
 pub mod fs;
 pub mod fuse;
 pub mod mount;
+pub mod private;
 pub mod store;
 pub mod tar;
 pub mod tools;

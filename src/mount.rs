@@ -324,6 +324,11 @@ fn kernel_mount(mp: &Path, source: &str, allow_other: bool) -> Result<Option<Own
 
 /// `redbfs mount`: in the background unless asked otherwise.
 pub fn mount(req: MountRequest) -> Result<(), String> {
+    // Before the daemon creates its log beside the store.
+    let mp = absolute(&req.mountpoint)?;
+    crate::private::check_store_dir(&absolute(
+        req.store.as_deref().unwrap_or(&default_store(&mp)),
+    )?)?;
     if req.foreground || req.notify_fd.is_some() {
         return run_daemon(req);
     }

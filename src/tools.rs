@@ -4,9 +4,18 @@
 //! store, so both give the same answers.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, fchmod, fstat, fstatat, futimens, mkdirat};
+use nix::sys::time::TimeSpec;
+use nix::unistd::fchown;
 
 use serde::Serialize;
 
@@ -119,28 +128,25 @@ pub fn cat(r: &ReadTxn, path: &str) -> Result<Vec<u8>> {
 pub fn tree(r: &ReadTxn, path: &str) -> Result<Vec<(usize, EntryInfo)>> {
     let (inode, canon) = lookup_path(r, path)?;
     let mut out = vec![(0, info(canon.clone(), &inode))];
-    fn walk(
-        r: &ReadTxn,
-        dir: u64,
-        path: &str,
-        depth: usize,
-        out: &mut Vec<(usize, EntryInfo)>,
-    ) -> Result<()> {
-        for e in r.list(dir).map_err(err)? {
-            let i = r
-                .inode(e.ino)
-                .map_err(err)?
-                .ok_or_else(|| format!("missing inode {}", e.ino))?;
-            let p = join(path, &e.name);
-            out.push((depth, info(p.clone(), &i)));
-            if i.kind == Kind::Dir {
-                walk(r, i.ino, &p, depth + 1, out)?;
-            }
-        }
-        Ok(())
+    if inode.kind != Kind::Dir {
+        return Ok(out);
     }
-    if inode.kind == Kind::Dir {
-        walk(r, inode.ino, &canon, 1, &mut out)?;
+    // Iterative: a store's depth is bounded by its limits, not by this thread's stack.
+    let mut stack = vec![(canon, 1usize, r.list(inode.ino).map_err(err)?.into_iter())];
+    while let Some((path, depth, entries)) = stack.last_mut() {
+        let Some(e) = entries.next() else {
+            stack.pop();
+            continue;
+        };
+        let i = r
+            .inode(e.ino)
+            .map_err(err)?
+            .ok_or_else(|| format!("missing inode {}", e.ino))?;
+        let (p, depth) = (join(path, &e.name), *depth);
+        out.push((depth, info(p.clone(), &i)));
+        if i.kind == Kind::Dir {
+            stack.push((p, depth + 1, r.list(i.ino).map_err(err)?.into_iter()));
+        }
     }
     Ok(out)
 }
@@ -251,12 +257,7 @@ fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-fn parent_dir(p: &Path) -> PathBuf {
-    match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
+use crate::private::parent_dir;
 
 /// Opens a store file and checks it: redb's integrity check plus every invariant.
 pub fn verify(path: &Path) -> Result<()> {
@@ -286,6 +287,7 @@ pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Resul
             out.display()
         ));
     }
+    crate::private::check_store_dir(out)?;
     let dir = parent_dir(out);
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
@@ -303,13 +305,18 @@ pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Resul
             return Err(e);
         }
     };
+    // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW, and synced it.
     let finish = || -> Result<()> {
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-        std::fs::File::open(&tmp)
-            .and_then(|f| f.sync_all())
-            .map_err(err)?;
         verify(&tmp)?;
-        std::fs::rename(&tmp, out).map_err(|e| format!("{}: {e}", out.display()))?;
+        // Never replaces what appeared at `out` meanwhile.
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &tmp,
+            nix::fcntl::AT_FDCWD,
+            out,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| format!("{}: {e}", out.display()))?;
         fsync_dir(&dir)
     };
     if let Err(e) = finish() {
@@ -332,15 +339,24 @@ pub fn restore(
     store: &Path,
     discard_current: bool,
 ) -> Result<Option<PathBuf>> {
+    crate::private::check_store_dir(store)?;
     verify(snapshot_path)?;
     let dir = parent_dir(store);
     let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
-    std::fs::copy(snapshot_path, &tmp)
-        .map_err(|e| format!("copying {}: {e}", snapshot_path.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(err)?;
+    let _ = std::fs::remove_file(&tmp);
+    let copied = (|| -> Result<()> {
+        let mut to =
+            crate::private::create_new(&tmp).map_err(|e| crate::private::describe(&tmp, e))?;
+        let mut from = std::fs::File::open(snapshot_path)
+            .map_err(|e| format!("{}: {e}", snapshot_path.display()))?;
+        std::io::copy(&mut from, &mut to)
+            .map_err(|e| format!("copying {}: {e}", snapshot_path.display()))?;
+        to.sync_all().map_err(err)
+    })();
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     // A store left by a crash may hold commits only in its log: opening it applies them, so
     // the file kept below is complete. A log that cannot be applied goes with the old file.
     let log = crate::store::wal::path_of(store);
@@ -386,6 +402,12 @@ fn time_ns(secs: i64, nsec: i64) -> i64 {
 /// Names the normaliser refuses, symlinks, special files, files over the size limit and names
 /// that already exist are listed and skipped, or fail the whole import when `strict`.
 /// `progress` hears the entries imported so far.
+///
+/// Safe on a tree another user is changing, run as root: every entry is opened relative to
+/// its parent directory's descriptor with `O_NOFOLLOW|O_NONBLOCK`, checked with `fstat` on
+/// that descriptor, and read only through it, so a name swapped for a symlink or a FIFO is
+/// skipped, never followed or waited on. Paths in the skip list are escaped
+/// (`private::escape`).
 pub fn import(
     store: &Store,
     limits: &Limits,
@@ -398,9 +420,16 @@ pub fn import(
     if target.kind != Kind::Dir {
         return Err(format!("{into}: not a directory in the store"));
     }
+    // The top directory is the caller's own argument: it may be reached through a symlink.
+    let root = nix::fcntl::open(
+        src,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("{}: {e}", shown(src)))?;
     let mut w = store.write().map_err(err)?;
     let mut report = ImportReport::default();
-    import_dir(&mut w, limits, src, target.ino, &mut report, progress)?;
+    import_tree(&mut w, limits, root, src, target.ino, &mut report, progress)?;
     if strict && !report.skipped.is_empty() {
         let (p, why) = &report.skipped[0];
         return Err(format!(
@@ -412,125 +441,211 @@ pub fn import(
     Ok(report)
 }
 
-fn import_dir(
+/// A path of the source tree as the skip list and errors show it.
+fn shown(p: &Path) -> String {
+    crate::private::escape(p.as_os_str().as_bytes())
+}
+
+/// A directory of the source tree being imported: its descriptor, its path (for messages), its
+/// inode in the store, and the names still to import, last first.
+struct SourceDir {
+    fd: OwnedFd,
+    path: PathBuf,
+    ino: u64,
+    names: Vec<OsString>,
+}
+
+/// The names in the directory open at `fd` (read through a duplicate of it), sorted, last
+/// first.
+fn names_in(fd: &OwnedFd, path: &Path) -> Result<Vec<OsString>> {
+    let e = |x: nix::Error| format!("{}: {x}", shown(path));
+    let dup = fd
+        .try_clone()
+        .map_err(|x| format!("{}: {x}", shown(path)))?;
+    let mut dir = nix::dir::Dir::from_fd(dup).map_err(e)?;
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let name = entry.map_err(e)?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            names.push(OsString::from_vec(name));
+        }
+    }
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names)
+}
+
+/// Why an entry of this `st_mode` has no place in a store, if it has none.
+fn refused_kind(mode: u32) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG | libc::S_IFDIR => None,
+        libc::S_IFLNK => Some("symlink: only regular files and directories exist in a store"),
+        _ => Some("special file: only regular files and directories exist in a store"),
+    }
+}
+
+/// What became of one entry of the source.
+enum Imported {
+    Skipped,
+    File,
+    /// A directory, new or already in the store: its descriptor and its inode, to walk next.
+    Dir(OwnedFd, u64),
+}
+
+/// The walk, iterative (a hostile tree may be deeper than any stack): one `SourceDir` per
+/// directory from the top down to the one being read, depth first in name order.
+fn import_tree(
     w: &mut WriteTxn<'_>,
     limits: &Limits,
+    root: OwnedFd,
     src: &Path,
-    parent: u64,
+    ino: u64,
     report: &mut ImportReport,
     progress: &mut dyn FnMut(u64),
 ) -> Result<()> {
-    let mut entries: Vec<_> = std::fs::read_dir(src)
-        .map_err(|e| format!("{}: {e}", src.display()))?
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| format!("{}: {e}", src.display()))?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let path = entry.path();
-        let shown = path.display().to_string();
-        let md = std::fs::symlink_metadata(&path).map_err(|e| format!("{shown}: {e}"))?;
-        let ft = md.file_type();
-        if ft.is_symlink() {
-            report.skipped.push((
-                shown,
-                "symlink: only regular files and directories exist in a store".into(),
-            ));
+    let mut stack = vec![SourceDir {
+        names: names_in(&root, src)?,
+        fd: root,
+        path: src.to_path_buf(),
+        ino,
+    }];
+    while let Some(top) = stack.last_mut() {
+        let Some(raw) = top.names.pop() else {
+            stack.pop();
             continue;
-        }
-        if !ft.is_file() && !ft.is_dir() {
-            report.skipped.push((
-                shown,
-                "special file: only regular files and directories exist in a store".into(),
-            ));
-            continue;
-        }
-        let raw = std::os::unix::ffi::OsStrExt::as_bytes(entry.file_name().as_os_str()).to_vec();
-        let name = match Name::parse(&raw, limits.names) {
-            Ok(n) => n,
-            Err(e) => {
-                report.skipped.push((shown, e.to_string()));
-                continue;
-            }
         };
-        if let Some((existing, kind)) = w.lookup(parent, name.as_str()).map_err(err)? {
-            if ft.is_dir() && kind == Kind::Dir {
-                import_dir(w, limits, &path, existing, report, progress)?;
-            } else {
-                report
-                    .skipped
-                    .push((shown, "already exists in the store".into()));
+        let path = top.path.join(&raw);
+        match import_entry(w, limits, &top.fd, &raw, top.ino, &path, report)? {
+            Imported::Skipped => continue,
+            Imported::File => {}
+            Imported::Dir(fd, ino) => {
+                let names = names_in(&fd, &path)?;
+                stack.push(SourceDir {
+                    fd,
+                    path,
+                    ino,
+                    names,
+                });
             }
-            continue;
-        }
-        if ft.is_file() && md.len() > limits.max_file_bytes {
-            report.skipped.push((
-                shown,
-                format!("over --max-file-bytes {}", limits.max_file_bytes),
-            ));
-            continue;
-        }
-        let now = now_ns();
-        let kind = if ft.is_dir() { Kind::Dir } else { Kind::File };
-        let inode = Inode {
-            ino: w.alloc_ino().map_err(err)?,
-            kind,
-            perm: md.mode() & 0o7777,
-            uid: md.uid(),
-            gid: md.gid(),
-            size: if ft.is_file() { md.len() } else { 0 },
-            nlink: if ft.is_dir() { 2 } else { 1 },
-            parent,
-            atime: time_ns(md.atime(), md.atime_nsec()),
-            mtime: time_ns(md.mtime(), md.mtime_nsec()),
-            ctime: now,
-            crtime: now,
-            name: name.as_str().to_string(),
-        };
-        if ft.is_file() {
-            let data = std::fs::read(&path).map_err(|e| format!("{shown}: {e}"))?;
-            let mut inode = inode;
-            inode.size = data.len() as u64;
-            for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
-                w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
-            }
-            w.put_inode(&inode).map_err(err)?;
-            w.put_dirent(parent, name.as_str(), inode.ino, kind)
-                .map_err(err)?;
-            report.files += 1;
-            report.bytes += inode.size;
-        } else {
-            w.put_inode(&inode).map_err(err)?;
-            w.put_dirent(parent, name.as_str(), inode.ino, kind)
-                .map_err(err)?;
-            let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
-            p.nlink += 1;
-            w.put_inode(&p).map_err(err)?;
-            report.dirs += 1;
-            import_dir(w, limits, &path, inode.ino, report, progress)?;
         }
         progress(report.files + report.dirs);
     }
     Ok(())
 }
 
-fn set_times(path: &Path, atime: i64, mtime: i64) -> Result<()> {
-    let ts = |ns: i64| libc::timespec {
-        tv_sec: ns.div_euclid(1_000_000_000),
-        tv_nsec: ns.rem_euclid(1_000_000_000),
+const CHANGED: &str = "changed while importing: no longer the file or directory it was";
+
+fn import_entry(
+    w: &mut WriteTxn<'_>,
+    limits: &Limits,
+    dir: &OwnedFd,
+    raw: &OsStr,
+    parent: u64,
+    path: &Path,
+    report: &mut ImportReport,
+) -> Result<Imported> {
+    let mut skip = |why: &str| {
+        report.skipped.push((shown(path), why.to_string()));
+        Ok(Imported::Skipped)
     };
-    let times = [ts(atime), ts(mtime)];
-    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
-        .map_err(err)?;
-    // SAFETY: a valid C string and a two-element timespec array.
-    let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
-    if r != 0 {
-        return Err(format!(
-            "{}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ));
+    // A first look without opening: what is not a file or directory is never opened.
+    let first = match fstatat(dir, raw, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return skip("vanished while importing"),
+        Err(e) => return Err(format!("{}: {e}", shown(path))),
+    };
+    if let Some(why) = refused_kind(first.st_mode) {
+        return skip(why);
     }
-    Ok(())
+    let is_dir = first.st_mode & libc::S_IFMT == libc::S_IFDIR;
+    let name = match Name::parse(raw.as_bytes(), limits.names) {
+        Ok(n) => n,
+        Err(e) => return skip(&e.to_string()),
+    };
+    let existing = w.lookup(parent, name.as_str()).map_err(err)?;
+    let merge = matches!(existing, Some((_, Kind::Dir))) && is_dir;
+    if existing.is_some() && !merge {
+        return skip("already exists in the store");
+    }
+    // Open it, never through a symlink and never waiting (a FIFO swapped in), and look again
+    // at what was opened: only that descriptor is read.
+    let mut flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
+    if is_dir {
+        flags |= OFlag::O_DIRECTORY;
+    }
+    let fd = match openat(dir, raw, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ELOOP) => return skip(refused_kind(libc::S_IFLNK).unwrap_or(CHANGED)),
+        Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ENXIO) => return skip(CHANGED),
+        Err(e) => return Err(format!("{}: {e}", shown(path))),
+    };
+    let st = fstat(&fd).map_err(|e| format!("{}: {e}", shown(path)))?;
+    if let Some(why) = refused_kind(st.st_mode) {
+        return skip(why);
+    }
+    if (st.st_mode & libc::S_IFMT == libc::S_IFDIR) != is_dir {
+        return skip(CHANGED);
+    }
+    if let Some((ino, Kind::Dir)) = existing {
+        return Ok(Imported::Dir(fd, ino));
+    }
+    let over = format!("over --max-file-bytes {}", limits.max_file_bytes);
+    if !is_dir && st.st_size as u64 > limits.max_file_bytes {
+        return skip(&over);
+    }
+    let now = now_ns();
+    let kind = if is_dir { Kind::Dir } else { Kind::File };
+    let mut inode = Inode {
+        ino: w.alloc_ino().map_err(err)?,
+        kind,
+        perm: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size: 0,
+        nlink: if is_dir { 2 } else { 1 },
+        parent,
+        atime: time_ns(st.st_atime, st.st_atime_nsec),
+        mtime: time_ns(st.st_mtime, st.st_mtime_nsec),
+        ctime: now,
+        crtime: now,
+        name: name.as_str().to_string(),
+    };
+    if is_dir {
+        w.put_inode(&inode).map_err(err)?;
+        w.put_dirent(parent, name.as_str(), inode.ino, kind)
+            .map_err(err)?;
+        let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
+        p.nlink += 1;
+        w.put_inode(&p).map_err(err)?;
+        report.dirs += 1;
+        return Ok(Imported::Dir(fd, inode.ino));
+    }
+    // Read through the descriptor, no further than the limit: the file may be growing.
+    let mut data = Vec::new();
+    std::fs::File::from(fd)
+        .take(limits.max_file_bytes.saturating_add(1))
+        .read_to_end(&mut data)
+        .map_err(|e| format!("{}: {e}", shown(path)))?;
+    if data.len() as u64 > limits.max_file_bytes {
+        return skip(&over);
+    }
+    inode.size = data.len() as u64;
+    for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
+        w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
+    }
+    w.put_inode(&inode).map_err(err)?;
+    w.put_dirent(parent, name.as_str(), inode.ino, kind)
+        .map_err(err)?;
+    report.files += 1;
+    report.bytes += inode.size;
+    Ok(Imported::File)
+}
+
+fn timespec(ns: i64) -> TimeSpec {
+    TimeSpec::new(ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000))
 }
 
 /// What `export` wrote.
@@ -541,57 +656,168 @@ pub struct ExportReport {
     pub bytes: u64,
 }
 
+/// How `export` writes a tree to a directory.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExportOptions {
+    /// Give every file and directory its recorded owner (root only). Only then are setuid and
+    /// setgid bits written: without it the exporting user owns everything, and a bit another
+    /// user set would make a program run as the exporter.
+    pub same_owner: bool,
+}
+
+/// The flags of a directory export writes into: never reached through a symlink.
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_CLOEXEC);
+
+/// Gives an exported entry its owner (with `same_owner`), mode (when `mode`) and times
+/// through its own descriptor, never through its path.
+fn finish_entry(fd: &OwnedFd, e: &EntryInfo, opts: ExportOptions, mode: bool) -> Result<()> {
+    let x = |what: &str, x: nix::Error| format!("{what} {}: {x}", e.path);
+    if mode {
+        if opts.same_owner {
+            // Before the mode: a change of owner clears setuid and setgid.
+            fchown(
+                fd,
+                Some(nix::unistd::Uid::from_raw(e.uid)),
+                Some(nix::unistd::Gid::from_raw(e.gid)),
+            )
+            .map_err(|y| x("chown", y))?;
+        }
+        let keep = if opts.same_owner { 0o7777 } else { 0o1777 };
+        fchmod(fd, Mode::from_bits_truncate(e.mode & keep)).map_err(|y| x("chmod", y))?;
+    }
+    futimens(fd, &timespec(e.atime_ns), &timespec(e.mtime_ns)).map_err(|y| x("utimens", y))
+}
+
+fn dir_is_empty(fd: &OwnedFd, dest: &Path) -> Result<bool> {
+    let e = |x: nix::Error| format!("{}: {x}", dest.display());
+    let dup = fd
+        .try_clone()
+        .map_err(|x| format!("{}: {x}", dest.display()))?;
+    let mut dir = nix::dir::Dir::from_fd(dup).map_err(e)?;
+    for entry in dir.iter() {
+        let name = entry.map_err(e)?.file_name().to_bytes().to_vec();
+        if name != b"." && name != b".." {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// An open directory of an export: its descriptor, its entry (None for a `dest` that takes
+/// nothing from the store), and whether its mode is ours to set.
+type OpenDir<'a> = (OwnedFd, Option<&'a EntryInfo>, bool);
+
 /// `export` to a directory: the tree under `path` with modes and mtimes, into `dest` (created;
 /// must be empty if it exists). `progress` hears the entries written so far.
+///
+/// Safe into a destination another user can change, run as root: `dest` is opened once with
+/// `O_NOFOLLOW`, and every entry is made relative to its parent's descriptor (`mkdirat`,
+/// `openat` with `O_EXCL|O_NOFOLLOW`), created 0700 or 0600 and given its mode and times
+/// through its own descriptor once written; setuid and setgid are dropped unless
+/// `opts.same_owner`. A symlink or a file where an entry goes refuses the export.
 pub fn export_dir(
     r: &ReadTxn,
     path: &str,
     dest: &Path,
+    opts: ExportOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ExportReport> {
-    if dest.exists() && std::fs::read_dir(dest).map_err(err)?.next().is_some() {
+    if opts.same_owner && !nix::unistd::geteuid().is_root() {
+        return Err("--same-owner: only root can give exported files their owners".into());
+    }
+    let created = match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(format!(
+                "{}: is a symbolic link; export never writes through one (give the directory \
+                 itself)",
+                dest.display()
+            ));
+        }
+        Ok(m) if !m.is_dir() => return Err(format!("{}: not a directory", dest.display())),
+        Ok(_) => false,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("{}: {e}", parent.display()))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(dest)
+                .map_err(|e| format!("{}: {e}", dest.display()))?;
+            true
+        }
+        Err(e) => return Err(format!("{}: {e}", dest.display())),
+    };
+    let root = nix::fcntl::open(dest, DIR_FLAGS, Mode::empty())
+        .map_err(|e| format!("{}: {e}", dest.display()))?;
+    if !created && !dir_is_empty(&root, dest)? {
         return Err(format!(
             "{}: not empty; export writes into a new or empty directory",
             dest.display()
         ));
     }
-    std::fs::create_dir_all(dest).map_err(|e| format!("{}: {e}", dest.display()))?;
     let entries = tree(r, path)?;
     let base = entries[0].1.path.clone();
+    let target = |e: &EntryInfo| dest.join(e.path[base.len()..].trim_start_matches('/'));
+    let refused = |e: &EntryInfo, x: nix::Error| match x {
+        Errno::EEXIST | Errno::ELOOP | Errno::ENOTDIR => format!(
+            "{}: something else is there (a symlink or a file put there during the export); \
+             export never writes through one",
+            target(e).display()
+        ),
+        x => format!("{}: {x}", target(e).display()),
+    };
     let mut report = ExportReport::default();
-    let mut dirs = Vec::new();
-    for (depth, e) in &entries {
-        let rel = e.path[base.len()..].trim_start_matches('/');
-        let target = if rel.is_empty() {
-            dest.to_path_buf()
-        } else {
-            dest.join(rel)
-        };
+    // The directories from `dest` down to the one being written, each open; a directory gets
+    // its mode and times once its last entry is written, so they do not move its mtime.
+    let mut open: Vec<OpenDir> = Vec::new();
+    let top_is_dir = entries[0].1.kind == "dir";
+    open.push((root, top_is_dir.then_some(&entries[0].1), created));
+    let close = |(fd, e, mode): OpenDir| match e {
+        Some(e) => finish_entry(&fd, e, opts, mode),
+        None => Ok(()),
+    };
+    for (depth, e) in entries.iter().skip(usize::from(top_is_dir)) {
+        // A file exported on its own goes into `dest`, as if at depth 1.
+        while open.len() > (*depth).max(1) {
+            close(open.pop().expect("not empty"))?;
+        }
+        let parent = &open.last().expect("dest stays open").0;
         if e.kind == "dir" {
-            if *depth > 0 {
-                std::fs::create_dir(&target).map_err(|x| format!("{}: {x}", target.display()))?;
-                report.dirs += 1;
-            }
-            dirs.push((target, e.clone()));
+            mkdirat(parent, e.name.as_str(), Mode::from_bits_truncate(0o700))
+                .map_err(|x| refused(e, x))?;
+            let fd = openat(parent, e.name.as_str(), DIR_FLAGS, Mode::empty())
+                .map_err(|x| refused(e, x))?;
+            open.push((fd, Some(e), true));
+            report.dirs += 1;
         } else {
+            let fd = openat(
+                parent,
+                e.name.as_str(),
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )
+            .map_err(|x| refused(e, x))?;
             let (inode, _) = lookup_path(r, &e.path)?;
             let data = read_content(r, &inode)?;
-            std::fs::write(&target, &data).map_err(|x| format!("{}: {x}", target.display()))?;
-            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(e.mode))
-                .map_err(err)?;
-            set_times(&target, e.atime_ns, e.mtime_ns)?;
+            let mut f = std::fs::File::from(fd);
+            f.write_all(&data)
+                .map_err(|x| format!("{}: {x}", target(e).display()))?;
+            finish_entry(&OwnedFd::from(f), e, opts, true)?;
             report.files += 1;
             report.bytes += data.len() as u64;
         }
         progress(report.files + report.dirs);
     }
-    // Directories last, deepest first, so writing their children does not move their mtimes.
-    for (target, e) in dirs.iter().rev() {
-        if target != dest {
-            std::fs::set_permissions(target, std::fs::Permissions::from_mode(e.mode))
-                .map_err(err)?;
-        }
-        set_times(target, e.atime_ns, e.mtime_ns)?;
+    while let Some(d) = open.pop() {
+        close(d)?;
     }
     Ok(report)
 }

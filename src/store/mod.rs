@@ -39,6 +39,9 @@ pub enum StoreError {
     NoRoom,
     /// Any other failure of the storage engine or the disk under it.
     Io(String),
+    /// Refused before touching anything, for the reason given (a symlink beside the store, a
+    /// directory other users can write in).
+    Refused(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -62,6 +65,7 @@ impl std::fmt::Display for StoreError {
             ),
             StoreError::NoRoom => write!(f, "no space left on the disk that holds the store"),
             StoreError::Io(m) => write!(f, "store I/O error: {m}"),
+            StoreError::Refused(m) => write!(f, "{m}"),
         }
     }
 }
@@ -143,6 +147,7 @@ impl Store {
     /// Opens the store at `path`, creating it (with an empty root directory owned by
     /// `root_owner`) when the file does not exist.
     pub fn open_or_create(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
+        crate::private::check_store_dir(path).map_err(StoreError::Refused)?;
         let exists = path.exists();
         let mut builder = Database::builder();
         // Bounds the daemon's memory: the store's hot pages, not the whole file.
@@ -168,7 +173,11 @@ impl Store {
         } else if exists {
             builder.open(path)
         } else {
-            builder.create(path)
+            // Created here, mode 0600 and O_EXCL|O_NOFOLLOW, so the file is private from its
+            // first byte whatever the umask; redb then formats it.
+            let file = crate::private::create_new(path)
+                .map_err(|e| StoreError::Refused(crate::private::describe(path, e)))?;
+            redb::backends::FileBackend::new(file).and_then(|b| builder.create_with_backend(b))
         }
         .map_err(|e| match map_err(e) {
             StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
@@ -393,8 +402,13 @@ impl Store {
         let id = r.meta_u64(META_LOG_ID)?.unwrap_or(0);
         drop(r);
         self.commits.store(last, Ordering::Release);
-        if !path.exists() {
-            return Ok(());
+        match std::fs::symlink_metadata(&path) {
+            Err(_) => return Ok(()),
+            Ok(m) if m.file_type().is_symlink() => {
+                let e = std::io::Error::from_raw_os_error(libc::ELOOP);
+                return Err(StoreError::Refused(crate::private::describe(&path, e)));
+            }
+            Ok(_) => {}
         }
         let todo: Vec<(u64, Vec<u8>)> = if id == 0 {
             Vec::new()
@@ -654,7 +668,12 @@ impl ReadTxn {
         out: &Path,
         progress: &mut dyn FnMut(u64),
     ) -> Result<CopyStats, StoreError> {
-        let db = Database::create(out).map_err(map_err)?;
+        let file = crate::private::create_new(out)
+            .map_err(|e| StoreError::Refused(crate::private::describe(out, e)))?;
+        let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
+        let db = Database::builder()
+            .create_with_backend(backend)
+            .map_err(map_err)?;
         let mut tx = db.begin_write().map_err(map_err)?;
         let mut stats = CopyStats::default();
         copy_table(&self.tx, &tx, META, &mut stats, progress)?;
@@ -811,6 +830,7 @@ impl ReadTxn {
     ) -> Result<T, String> {
         let dir = tempfile::Builder::new()
             .prefix("redbfs-at-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .tempdir()
             .map_err(|e| e.to_string())?;
         let path = dir.path().join("at.redb");
@@ -1722,6 +1742,8 @@ impl WriteTxn<'_> {
                     .map_err(map_err)?;
                 let started = match wal::Wal::start(&store.path, id, seq, store.faults.clone()) {
                     Ok(w) => Some(w),
+                    // A symlink planted at the log's name: refuse, rather than carry on.
+                    Err(e @ StoreError::Refused(_)) => return Err(e),
                     Err(e) => {
                         tracing::warn!(error = %e, "no write-ahead log: every commit writes the store file and fsyncs it");
                         None

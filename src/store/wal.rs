@@ -69,14 +69,20 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> StoreError {
     if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
         return StoreError::Full;
     }
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return StoreError::Refused(crate::private::describe(path, e));
+    }
     StoreError::Io(format!("{what} {}: {e}", path.display()))
 }
 
 /// The records of log `id` in the file at `path`, in order: (sequence number, payload).
 /// A missing file is an empty log.
 pub(super) fn read(path: &Path, id: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-    let bytes = match std::fs::read(path) {
-        Ok(b) => b,
+    let mut bytes = Vec::new();
+    match crate::private::open_read(path) {
+        Ok(mut f) => {
+            std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| io("reading", path, e))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("reading", path, e)),
     };
@@ -186,14 +192,9 @@ impl Wal {
         faults: Option<Arc<FaultPlan>>,
     ) -> Result<Wal, StoreError> {
         let path = path_of(store);
-        let existed = path.exists();
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| io("creating", &path, e))?;
+        let existed = std::fs::symlink_metadata(&path).is_ok();
+        // Private from the first byte, and never a symlink planted beside the store.
+        let file = crate::private::open_or_create(&path).map_err(|e| io("creating", &path, e))?;
         let len = file.metadata().map_err(|e| io("reading", &path, e))?.len();
         if len < LOG_BYTES {
             // Real zeros, not a sparse or fallocated range: writing into either later makes
