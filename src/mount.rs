@@ -153,10 +153,24 @@ pub fn redbfs_mount_at(mountpoint: &Path) -> Option<PathBuf> {
 
 /// Where the store at `store` is mounted, if it is.
 pub fn mountpoint_of_store(store: &Path) -> Option<PathBuf> {
-    let source = format!("redbfs:{}", store.display());
+    // The same file, not the same spelling: a symlink to the store, a symlinked directory or
+    // a hard link reaches the live file too. Identity is the device and inode (stat follows
+    // symlinks, as opening the path would).
+    let identity = |p: &Path| {
+        std::fs::metadata(p).ok().map(|m| {
+            use std::os::unix::fs::MetadataExt;
+            (m.dev(), m.ino())
+        })
+    };
+    let wanted = identity(store)?;
     mounts()
         .into_iter()
-        .find(|m| m.fstype == "fuse.redbfs" && m.source == source)
+        .filter(|m| m.fstype == "fuse.redbfs")
+        .find(|m| {
+            m.source
+                .strip_prefix("redbfs:")
+                .is_some_and(|s| identity(Path::new(s)) == Some(wanted))
+        })
         .map(|m| m.mountpoint)
 }
 

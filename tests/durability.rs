@@ -901,7 +901,10 @@ fn control(store: &Path, req: Value) -> Result<Value, String> {
     serde_json::from_str(&line).map_err(|e| format!("{e}: {line:?}"))
 }
 
-fn io_fault(on: &str, nth: u64) {
+/// An injected I/O error at the `nth` next `on` ("write" or "sync") of the store or its log,
+/// hit by a create of `doomed_len` bytes (over 512 KiB: a checkpoint, a durable commit of the
+/// store file itself, rather than a log record).
+fn io_fault(on: &str, nth: u64, doomed_len: u64) {
     // SAFETY: set before any thread of this test spawns a process that reads it; the variable
     // only matters to the daemon `redbfs mount` starts (it inherits the environment).
     unsafe { std::env::set_var("REDBFS_FAULT_INJECTION", "1") };
@@ -928,7 +931,7 @@ fn io_fault(on: &str, nth: u64) {
         "the daemon has no fault-injection hook (see the comment above io_fault): {armed}"
     );
     // The next durable commit hits the fault.
-    let doomed = content("doomed", 100_000, 0);
+    let doomed = content("doomed", doomed_len, 0);
     let outcome = sdk_create(&tm.path("doomed.md"), &doomed);
     let Outcome::Failed { at, errno } = &outcome else {
         panic!("the commit under an injected {on} fault was acknowledged");
@@ -938,7 +941,7 @@ fn io_fault(on: &str, nth: u64) {
 
     // Poisoned: writes refused with EIO, reads served, status says so.
     let st = status(&tm.mountpoint).expect("the daemon answers after an I/O error");
-    assert_eq!(st["poisoned"], true, "{st}");
+    assert_eq!(st["poisoned"], true, "{st}\n{}", tm.log_text());
     for (what, r) in [
         ("mkdir", std::fs::create_dir(tm.path("newdir"))),
         ("unlink", std::fs::remove_file(tm.path("kept-0.md"))),
@@ -967,8 +970,14 @@ fn io_fault(on: &str, nth: u64) {
         tm.log_text()
     );
 
-    // After a restart everything committed before the fault is intact.
+    // After a restart everything committed before the fault is intact. The log stays until
+    // a checkpoint succeeds: after a failed fsync of the store file, a page the kernel
+    // dropped can only be rebuilt from it.
     tm.unmount();
+    assert!(
+        redbfs::store::wal::path_of(&tm.store).exists(),
+        "the log was removed after a failed commit"
+    );
     check_store(&tm.store).unwrap();
     tm.mount();
     for (name, data) in &before {
@@ -997,13 +1006,20 @@ fn io_fault(on: &str, nth: u64) {
 #[test]
 fn io_fault_on_sync() {
     if fuse_available() {
-        io_fault("sync", 1);
+        io_fault("sync", 1, 100_000);
     }
 }
 
 #[test]
 fn io_fault_on_write() {
     if fuse_available() {
-        io_fault("write", 1);
+        io_fault("write", 1, 100_000);
+    }
+}
+
+#[test]
+fn io_fault_on_a_checkpoints_sync() {
+    if fuse_available() {
+        io_fault("sync", 1, 700_000);
     }
 }

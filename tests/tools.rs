@@ -233,6 +233,17 @@ fn restore_round_trip_and_refusals_while_mounted() {
         redbfs(&["restore", s(&snap), s(&m.store)]),
         s(&m.mountpoint),
     );
+    // The live store reached through a symlink to the file or a symlinked directory is the
+    // same file: restoring over it replaced the live store and set its log aside.
+    let link = m.dir.path().join("link.redb");
+    std::os::unix::fs::symlink(&m.store, &link).unwrap();
+    let linked_dir = m.dir.path().join("linked-dir");
+    std::os::unix::fs::symlink(m.dir.path(), &linked_dir).unwrap();
+    let via_dir = linked_dir.join(m.store.file_name().unwrap());
+    for other in [&link, &via_dir] {
+        refused(redbfs(&["restore", s(&snap), s(other)]), s(&m.mountpoint));
+        refused(redbfs(&["compact", s(other)]), "unmount it before compact");
+    }
     refused(
         redbfs(&["compact", s(&m.store)]),
         "unmount it before compact",

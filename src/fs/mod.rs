@@ -295,7 +295,7 @@ impl Fs {
     }
 
     pub fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
+        self.poisoned.load(Ordering::Acquire) || self.store.is_failed()
     }
 
     fn writable(&self) -> Result<()> {

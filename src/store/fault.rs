@@ -15,11 +15,25 @@ pub enum FaultOn {
     Sync,
 }
 
-/// Countdowns to the next failing write and sync (0 = disarmed).
+/// Points of a commit where an armed panic fires (the tests of the log's gap guard).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PanicAt {
+    /// The commit has its number; nothing is appended yet.
+    Numbered = 1,
+    /// Its record is appended to the log's buffer; redb has not committed.
+    Appended = 2,
+    /// redb has committed; the log is not synced.
+    Committed = 3,
+    /// A durable redb commit (a checkpoint) is about to run.
+    Checkpoint = 4,
+}
+
+/// Countdowns to the next failing write and sync (0 = disarmed), and the armed panic point.
 #[derive(Debug, Default)]
 pub struct FaultPlan {
     write_in: AtomicU64,
     sync_in: AtomicU64,
+    panic_at: AtomicU64,
 }
 
 impl FaultPlan {
@@ -30,6 +44,18 @@ impl FaultPlan {
             FaultOn::Sync => &self.sync_in,
         };
         counter.store(nth.max(1), Ordering::SeqCst);
+    }
+
+    /// Makes the next commit that reaches `at` panic there, once.
+    pub fn arm_panic(&self, at: PanicAt) {
+        self.panic_at.store(at as u64, Ordering::SeqCst);
+    }
+
+    /// True, once, when a panic is armed at `at`.
+    pub(super) fn take_panic(&self, at: PanicAt) -> bool {
+        self.panic_at
+            .compare_exchange(at as u64, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
     }
 
     /// Counts one call of kind `on` (the store's log counts with redb's file); true when

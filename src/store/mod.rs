@@ -141,6 +141,8 @@ pub struct Store {
     disk_free: AtomicU64,
     /// Process names by pid, for history records (read from /proc once per burst).
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
+    /// redb refused a write transaction after an I/O error (it asks to be reopened).
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -198,6 +200,7 @@ impl Store {
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
             comms: Mutex::new(HashMap::new()),
+            failed: std::sync::atomic::AtomicBool::new(false),
         };
         // Before anything commits: the first commit starts a new log.
         store.recover()?;
@@ -289,8 +292,17 @@ impl Store {
 
     /// Begins a write transaction, waiting for any other writer to finish.
     pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
+        let tx = self.db.begin_write().map_err(|e| {
+            let e = map_err(e);
+            // An I/O error inside an earlier transaction (not only at its commit: redb may
+            // write and sync pages while a large one runs) leaves redb refusing every write.
+            if matches!(e, StoreError::Io(_)) && !self.failed.swap(true, Ordering::AcqRel) {
+                tracing::error!(error = %e, "the store refuses writes after an I/O error; restart the daemon (redbfs unmount, then mount)");
+            }
+            e
+        })?;
         Ok(WriteTxn {
-            tx: self.db.begin_write().map_err(map_err)?,
+            tx,
             store: self,
             redo: RefCell::new(Some(Vec::new())),
             usage: UsageDelta::default(),
@@ -300,6 +312,12 @@ impl Store {
             ref_deltas: BTreeMap::new(),
             new_blobs: Vec::new(),
         })
+    }
+
+    /// Whether writes are refused for good after an I/O error: redb's, or the log's.
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+            || matches!(self.wal.get(), Some(Some(w)) if !w.healthy())
     }
 
     /// Arms an injected I/O fault; refused unless the daemon runs with fault injection.
@@ -312,6 +330,27 @@ impl Store {
             None => Err(StoreError::Io(
                 "fault injection is off (the daemon runs without REDBFS_FAULT_INJECTION=1)".into(),
             )),
+        }
+    }
+
+    /// Test-only: makes the next commit that reaches `at` panic there (fault injection on).
+    pub fn inject_panic(&self, at: fault::PanicAt) -> Result<(), StoreError> {
+        match &self.faults {
+            Some(plan) => {
+                plan.arm_panic(at);
+                Ok(())
+            }
+            None => Err(StoreError::Io(
+                "fault injection is off (the daemon runs without REDBFS_FAULT_INJECTION=1)".into(),
+            )),
+        }
+    }
+
+    fn injected_panic(&self, at: fault::PanicAt) {
+        if let Some(plan) = &self.faults
+            && plan.take_panic(at)
+        {
+            panic!("injected panic in a commit at {at:?}");
         }
     }
 
@@ -461,8 +500,7 @@ impl Store {
         let mut w = self.write()?;
         w.without_history();
         w.commit_checkpoint()?;
-        std::fs::remove_file(wal.path())
-            .map_err(|e| StoreError::Io(format!("removing {}: {e}", wal.path().display())))
+        wal.remove()
     }
 
     /// The number of the last commit, and the bytes of write-ahead log records since the
@@ -493,10 +531,9 @@ impl Store {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        let healthy = match self.wal.get() {
-            Some(Some(wal)) => wal.healthy(),
-            _ => false,
-        };
+        // After any failure the log stays: it is removed only by a checkpoint that succeeds,
+        // so a page the kernel dropped after a failed fsync can be rebuilt from it.
+        let healthy = matches!(self.wal.get(), Some(Some(_))) && !self.is_failed();
         if healthy && let Err(e) = self.close_log() {
             tracing::error!(error = %e, "the final checkpoint failed; the log stays and is applied at the next open");
         }
@@ -1711,24 +1748,22 @@ impl WriteTxn<'_> {
 
     /// Numbers the commit, logs it and commits it in redb; waits for the log when durable.
     fn finish(self, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
-        let store = self.store;
         // Numbered while this transaction holds redb's write lock, so numbers follow commit
         // order and the log's records follow them too. Taken, not just read: the next
         // writer may start the moment redb's commit returns, before this one could record it.
-        let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
-        let result = self.finish_as(seq, sync, checkpoint);
-        if result.is_err()
-            && let Some(Some(wal)) = store.wal.get()
-        {
-            // The number is spent, with or without a record: no later record may follow the
-            // gap, so the log takes none until the store is opened again.
-            wal.fail();
-        }
-        result
+        let seq = self.store.commits.fetch_add(1, Ordering::AcqRel) + 1;
+        self.finish_as(seq, sync, checkpoint)
     }
 
+    /// Commits numbered `seq`. The number is spent whatever happens, so whatever leaves this
+    /// early, an error or a panic unwinding, fails the log (no later record may follow the
+    /// gap), and does so before redb's write lock goes: the guard is dropped before `self`,
+    /// and a failure of redb's own commit, which lets go of the lock, happens under the
+    /// log's pending lock, which the next writer must take and check first.
     fn finish_as(mut self, seq: u64, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
         let store = self.store;
+        let mut gap = GapGuard { store, armed: true };
+        store.injected_panic(fault::PanicAt::Numbered);
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         meta.insert(META_LOG_SEQ, seq.to_le_bytes().as_slice())
             .map_err(map_err)?;
@@ -1751,48 +1786,84 @@ impl WriteTxn<'_> {
                 };
                 drop(meta);
                 let _ = store.wal.set(started);
-                return self.commit_durably(seq);
+                let wal = store.wal.get().and_then(|w| w.as_ref());
+                let pending = wal.map(|w| w.pending()).transpose()?;
+                let result = self.commit_durably(seq);
+                if let (Err(_), Some(w)) = (&result, wal) {
+                    w.fail();
+                }
+                drop(pending);
+                gap.armed = result.is_err();
+                return result;
             }
         };
         drop(meta);
         let Some(wal) = wal else {
-            return self.commit_durably(seq);
+            let result = self.commit_durably(seq);
+            gap.armed = result.is_err();
+            return result;
         };
-        wal.check()?;
         let redo = self.redo.take();
-        let mut pending = wal.pending();
+        let mut pending = wal.pending()?;
         let fits = redo.as_ref().is_some_and(|r| pending.fits(r.len()));
         // Near a full disk, pages freed by commits that are not durable in redb are not handed
         // out again, so each commit is a checkpoint there.
         let near_full = store.disk_free.load(Ordering::Relaxed) < ROOM_CHECK_ABOVE;
         if checkpoint || near_full || !fits {
-            self.commit_durably(seq)?;
+            if let Err(e) = self.commit_durably(seq) {
+                wal.fail();
+                return Err(e);
+            }
             pending.checkpointed(seq);
+            gap.armed = false;
             return Ok(seq);
         }
         let mark = pending.push(seq, redo.as_deref().unwrap_or_default());
-        self.tx
+        store.injected_panic(fault::PanicAt::Appended);
+        let committed = self
+            .tx
             .set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        if let Err(e) = self.tx.commit() {
+            .map_err(|e| StoreError::Io(e.to_string()))
+            .and_then(|()| self.tx.commit().map_err(map_err));
+        if let Err(e) = committed {
             pending.unpush(mark);
-            return Err(map_err(e));
+            wal.fail();
+            return Err(e);
         }
         drop(pending);
+        store.injected_panic(fault::PanicAt::Committed);
         if sync == Sync::Durable {
             wal.sync_to(seq)?;
         }
+        gap.armed = false;
         Ok(seq)
     }
 
     /// A durable redb commit: a checkpoint, the log's first commit, or any commit without a
     /// log.
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
+        self.store.injected_panic(fault::PanicAt::Checkpoint);
         let mut tx = self.tx;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
         Ok(seq)
+    }
+}
+
+/// Fails the store's log when dropped armed: see `WriteTxn::finish_as`.
+struct GapGuard<'a> {
+    store: &'a Store,
+    armed: bool,
+}
+
+impl Drop for GapGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed
+            && let Some(Some(wal)) = self.store.wal.get()
+        {
+            wal.fail();
+        }
     }
 }
 

@@ -241,8 +241,20 @@ impl Wal {
         Ok(())
     }
 
-    pub(super) fn pending(&self) -> MutexGuard<'_, Pending> {
-        lock(&self.pending)
+    /// The records waiting to be written, for a commit that appends one. Checked after the
+    /// lock is taken: a commit that failed while holding it failed the log before letting
+    /// go, so no record can follow its spent number. A lock poisoned by a panic in a commit
+    /// counts as failed.
+    pub(super) fn pending(&self) -> Result<MutexGuard<'_, Pending>, StoreError> {
+        let guard = self.pending.lock().map_err(|_| {
+            self.fail();
+            StoreError::Io(format!(
+                "a commit panicked while appending to {}; restart the daemon",
+                self.path.display()
+            ))
+        })?;
+        self.check()?;
+        Ok(guard)
     }
 
     /// Makes record `seq` and every record before it durable. Callers that arrive while a
@@ -255,7 +267,7 @@ impl Wal {
             return Ok(());
         }
         let (buf, offset, upto) = {
-            let mut p = self.pending();
+            let mut p = self.pending()?;
             if p.checkpointed >= seq {
                 return Ok(());
             }
@@ -301,7 +313,7 @@ impl Wal {
 
     /// Bytes of records since the last checkpoint, written or waiting to be.
     pub(super) fn used(&self) -> u64 {
-        let p = self.pending();
+        let p = lock(&self.pending);
         p.offset + p.buf.len() as u64
     }
 
@@ -311,8 +323,26 @@ impl Wal {
         !self.failed.load(Ordering::Acquire)
     }
 
-    pub(super) fn path(&self) -> &Path {
-        &self.path
+    /// Removes the log file, only if the file at its path is still the one this session
+    /// opened: one moved there since (a restore setting the store aside, a planted file) is
+    /// left alone.
+    pub(super) fn remove(&self) -> Result<(), StoreError> {
+        use std::os::unix::fs::MetadataExt;
+        let mine = self
+            .file
+            .metadata()
+            .map_err(|e| io("checking", &self.path, e))?;
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(there) if there.dev() == mine.dev() && there.ino() == mine.ino() => {
+                std::fs::remove_file(&self.path).map_err(|e| io("removing", &self.path, e))
+            }
+            Ok(_) => {
+                tracing::warn!(path = %self.path.display(), "the write-ahead log was replaced by another file; leaving that file alone");
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("checking", &self.path, e)),
+        }
     }
 }
 
@@ -325,7 +355,7 @@ mod tests {
     }
 
     fn append(wal: &Wal, seq: u64, payload: &[u8]) {
-        wal.pending().push(seq, payload);
+        wal.pending().unwrap().push(seq, payload);
         wal.sync_to(seq).unwrap();
     }
 
@@ -336,14 +366,14 @@ mod tests {
         for seq in 11..=20 {
             append(&wal, seq, &vec![seq as u8; seq as usize * 100]);
         }
-        let got = read(wal.path(), 7).unwrap();
+        let got = read(&wal.path, 7).unwrap();
         assert_eq!(got.len(), 10);
         for (i, (seq, payload)) in got.iter().enumerate() {
             assert_eq!(*seq, 11 + i as u64);
             assert_eq!(payload, &vec![*seq as u8; *seq as usize * 100]);
         }
-        assert!(read(wal.path(), 8).unwrap().is_empty(), "another log's id");
-        assert_eq!(std::fs::metadata(wal.path()).unwrap().len(), LOG_BYTES);
+        assert!(read(&wal.path, 8).unwrap().is_empty(), "another log's id");
+        assert_eq!(std::fs::metadata(&wal.path).unwrap().len(), LOG_BYTES);
     }
 
     #[test]
@@ -353,15 +383,15 @@ mod tests {
         for seq in 1..=5 {
             append(&wal, seq, &[1u8; 300]);
         }
-        wal.pending().checkpointed(6);
+        wal.pending().unwrap().checkpointed(6);
         // Shorter records over the start of the old pass: the scan meets old bytes mid-record.
         append(&wal, 7, &[2u8; 10]);
-        let got = read(wal.path(), 7).unwrap();
+        let got = read(&wal.path, 7).unwrap();
         assert_eq!(got, vec![(7, vec![2u8; 10])]);
         // Ending where an old record begins (34 + 24 + 590 = 2 * 324): the scan meets a
         // record of the same log whose number does not follow.
         append(&wal, 8, &[3u8; 590]);
-        let got = read(wal.path(), 7).unwrap();
+        let got = read(&wal.path, 7).unwrap();
         assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![7, 8]);
     }
 
@@ -370,9 +400,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plan = Arc::new(FaultPlan::default());
         let wal = Wal::start(&dir.path().join("s.redb"), 1, 0, Some(plan.clone())).unwrap();
-        assert!(!wal.pending().fits(MAX_RECORD + 1));
-        assert!(wal.pending().fits(MAX_RECORD));
-        wal.pending().push(1, b"one");
+        assert!(!wal.pending().unwrap().fits(MAX_RECORD + 1));
+        assert!(wal.pending().unwrap().fits(MAX_RECORD));
+        wal.pending().unwrap().push(1, b"one");
         plan.arm(FaultOn::Sync, 1);
         assert!(wal.sync_to(1).is_err());
         assert!(

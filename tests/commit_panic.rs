@@ -1,0 +1,127 @@
+//! A panic inside a commit. A commit takes its number from the log's sequence before it
+//! appends its record; one that panicked after that left a gap (every later record, each of
+//! them acknowledged, was dropped at recovery, since the scan stops at a gap) or a record for
+//! a transaction that never committed. Whatever unwinds out of a commit now fails the log, and
+//! a failed commit fails it before any later commit can append: later writes are refused,
+//! and recovery gives exactly the acknowledged operations.
+//!
+//! The panics are injected at each point of a commit by the test-only fault plan, which this
+//! test binary turns on with `REDBFS_FAULT_INJECTION=1` (a binary of its own, so no other
+//! test runs with it).
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use redbfs::fs::{Caller, Fs, Limits};
+use redbfs::store::fault::PanicAt;
+use redbfs::store::{ROOT_INO, Store, wal};
+
+const ME: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
+
+fn open(path: &std::path::Path) -> Fs {
+    Fs::new(
+        Store::open_or_create(path, (0, 0)).unwrap(),
+        Limits::default(),
+    )
+    .unwrap()
+}
+
+fn write_file(fs: &Fs, name: &str, data: &[u8]) -> redbfs::fs::Result<()> {
+    let (inode, fh) = fs.create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)?;
+    let written = fs.write(ME, fh, 0, data).and_then(|_| fs.fsync(fh));
+    let _ = fs.release(fh);
+    fs.forget(inode.ino, 1);
+    written
+}
+
+fn files(fs: &Fs) -> BTreeMap<String, Vec<u8>> {
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    let entries = fs.readdir(fh, 0).unwrap();
+    fs.releasedir(fh).unwrap();
+    entries
+        .iter()
+        .filter(|e| !redbfs::fs::is_dot(&e.name))
+        .map(|e| {
+            let fh = fs.open(ME, e.ino, Default::default()).unwrap();
+            let data = fs.read(fh, 0, u32::MAX).unwrap();
+            fs.release(fh).unwrap();
+            (e.name.clone(), data)
+        })
+        .collect()
+}
+
+#[test]
+fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
+    // SAFETY: set before any store opens; this binary's only test reads it.
+    unsafe { std::env::set_var("REDBFS_FAULT_INJECTION", "1") };
+    for at in [
+        PanicAt::Numbered,
+        PanicAt::Appended,
+        PanicAt::Committed,
+        PanicAt::Checkpoint,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let fs = open(&path);
+        let mut acknowledged = BTreeMap::new();
+        for i in 0..5 {
+            let data = format!("note {i}\n").repeat(50).into_bytes();
+            write_file(&fs, &format!("n{i}.md"), &data).unwrap();
+            acknowledged.insert(format!("n{i}.md"), data);
+        }
+        fs.store().inject_panic(at).unwrap();
+        // A checkpoint: content too large for one log record.
+        let doomed = vec![
+            b'x';
+            if at == PanicAt::Checkpoint {
+                700_000
+            } else {
+                100
+            }
+        ];
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let panicked = catch_unwind(AssertUnwindSafe(|| write_file(&fs, "doomed.md", &doomed)));
+        std::panic::set_hook(hook);
+        assert!(panicked.is_err(), "{at:?}: the injected panic fired");
+        // Nothing commits after the gap.
+        assert!(
+            write_file(&fs, "after.md", b"after").is_err(),
+            "{at:?}: a commit after the panic was acknowledged"
+        );
+        assert!(
+            fs.mkdir(ME, ROOT_INO, b"later", 0o700, 0).is_err(),
+            "{at:?}"
+        );
+
+        // A crash now: the store file and its log as they are.
+        let crashed = dir.path().join("crashed.redb");
+        std::fs::copy(&path, &crashed).unwrap();
+        std::fs::copy(wal::path_of(&path), wal::path_of(&crashed)).unwrap();
+        drop(fs);
+        let fs = open(&crashed);
+        let mut got = files(&fs);
+        // The panicked create may or may not have reached the store (it was never
+        // acknowledged), but never with partial content.
+        if let Some(d) = got.remove("doomed.md") {
+            assert!(d.is_empty() || d == doomed, "{at:?}: doomed.md torn");
+        }
+        assert_eq!(
+            got, acknowledged,
+            "{at:?}: recovery lost or invented an operation"
+        );
+        let r = fs.store().read().unwrap();
+        assert_eq!(
+            redbfs::check::invariants(&r).unwrap(),
+            Vec::<String>::new(),
+            "{at:?}"
+        );
+        drop(r);
+        // The recovered store goes on.
+        write_file(&fs, "after.md", b"after").unwrap();
+    }
+}
