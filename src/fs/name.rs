@@ -43,6 +43,9 @@ impl Name {
         if let Some(c) = s.chars().find(|&c| is_format_char(c)) {
             return Err(NameError::Format(c));
         }
+        if let Some(c) = s.chars().find(|&c| is_invisible(c)) {
+            return Err(NameError::Invisible(c));
+        }
         let nfc: String = s.nfc().collect();
         if nfc == "." || nfc == ".." {
             return Err(NameError::Dot);
@@ -58,7 +61,10 @@ impl Name {
 
     /// The key under which case-insensitive siblings collide (portable rules).
     pub fn fold_case(&self) -> String {
-        self.0.to_lowercase()
+        // Upper, then lower case: what the targets' filesystems fold together. Lower case
+        // alone keeps dotless i (U+0131) apart from I, which NTFS's upcase table maps to one
+        // letter; "ß" and "ss", and the Kelvin sign and K, come together too.
+        self.0.to_uppercase().to_lowercase()
     }
 }
 
@@ -77,6 +83,9 @@ pub enum NameError {
     Dot,
     Control(char),
     Format(char),
+    /// A blank or separator character outside category Cf (Hangul filler, blank Braille
+    /// pattern, line separator).
+    Invisible(char),
     TooLong(usize),
     PortableChar(char),
     PortableTrailing,
@@ -112,6 +121,9 @@ impl fmt::Display for NameError {
                 "name contains invisible format character U+{:04X}",
                 *c as u32
             ),
+            NameError::Invisible(c) => {
+                write!(f, "name contains invisible character U+{:04X}", *c as u32)
+            }
             NameError::TooLong(n) => {
                 write!(f, "name is {n} bytes, over the limit of {MAX_NAME_BYTES}")
             }
@@ -136,6 +148,15 @@ impl fmt::Display for NameError {
 
 /// Unicode general category Cf (format characters): invisible characters that change how text
 /// around them displays, such as bidirectional overrides and zero-width joiners.
+/// Characters that render as nothing (or as a line break) but are not in category Cf:
+/// Hangul fillers, the blank Braille pattern, and the line and paragraph separators.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c as u32,
+        0x115F | 0x1160 | 0x2028 | 0x2029 | 0x2800 | 0x3164 | 0xFFA0
+    )
+}
+
 fn is_format_char(c: char) -> bool {
     matches!(c as u32,
         0x00AD | 0x0600..=0x0605 | 0x061C | 0x06DD | 0x070F | 0x0890..=0x0891 | 0x08E2
@@ -160,10 +181,22 @@ fn check_portable(name: &str) -> Result<(), NameError> {
         .unwrap_or("")
         .trim_end()
         .to_ascii_uppercase();
-    let reserved = matches!(stem.as_str(), "CON" | "PRN" | "AUX" | "NUL")
-        || ((stem.starts_with("COM") || stem.starts_with("LPT"))
-            && stem.len() == 4
-            && matches!(stem.as_bytes()[3], b'1'..=b'9'));
+    // Windows reserves these device names with any extension, in any case: COM and LPT
+    // with a digit 0-9 or a superscript 1-3.
+    let port = |prefix: &str| {
+        stem.strip_prefix(prefix).is_some_and(|rest| {
+            let mut cs = rest.chars();
+            matches!(
+                (cs.next(), cs.next()),
+                (Some('0'..='9' | '\u{B9}' | '\u{B2}' | '\u{B3}'), None)
+            )
+        })
+    };
+    let reserved = matches!(
+        stem.as_str(),
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$" | "CLOCK$"
+    ) || port("COM")
+        || port("LPT");
     if reserved {
         return Err(NameError::PortableReserved);
     }
@@ -216,6 +249,16 @@ mod tests {
         assert_eq!(err(b"a\x00b"), NameError::Control('\0'));
         assert_eq!(err("a\u{202E}b".as_bytes()), NameError::Format('\u{202E}'));
         assert_eq!(err("a\u{200D}b".as_bytes()), NameError::Format('\u{200D}'));
+        // Invisible, though not in category Cf, under either rules.
+        for c in [
+            '\u{3164}', '\u{2800}', '\u{2028}', '\u{2029}', '\u{115F}', '\u{FFA0}',
+        ] {
+            assert_eq!(err(format!("a{c}b").as_bytes()), NameError::Invisible(c));
+            assert_eq!(
+                Name::parse(c.to_string().as_bytes(), NameRules::Portable).unwrap_err(),
+                NameError::Invisible(c)
+            );
+        }
         assert_eq!(err("x".repeat(256).as_bytes()), NameError::TooLong(256));
     }
 
@@ -236,6 +279,21 @@ mod tests {
         assert_eq!(p("CON").unwrap_err(), NameError::PortableReserved);
         assert_eq!(p("nul.txt").unwrap_err(), NameError::PortableReserved);
         assert_eq!(p("com1").unwrap_err(), NameError::PortableReserved);
+        for reserved in ["CONIN$", "conout$.md", "COM\u{B9}", "lpt\u{B3}.txt", "COM0"] {
+            assert_eq!(
+                p(reserved).unwrap_err(),
+                NameError::PortableReserved,
+                "{reserved}"
+            );
+        }
+        for fine in ["COM10", "console.md", "LPT", "com\u{2074}"] {
+            assert!(p(fine).is_ok(), "{fine}");
+        }
+        // Full case folding: dotless i beside I, sharp s beside ss, Kelvin sign beside K.
+        let fold = |s: &str| p(s).unwrap().fold_case();
+        assert_eq!(fold("\u{131}.md"), fold("I.md"));
+        assert_eq!(fold("stra\u{DF}e"), fold("STRASSE"));
+        assert_eq!(fold("\u{212A}elvin"), fold("kelvin"));
         assert!(p("com10").is_ok());
         assert!(p("console.md").is_ok());
         assert!(p(".tmp-1-abc").is_ok());
