@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::fs::{Name, NameRules};
+use crate::fs::{Limits, Name, NameRules};
 use crate::store::{CHUNK_SIZE, Kind, ROOT_INO, ReadTxn, StoreError};
 
 /// Every broken invariant found, one line each; empty when the store is clean.
@@ -174,6 +174,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             findings.push(format!("blob {b} is stored but nothing refers to it"));
         }
     }
+    findings.extend(over_limits(r, &inodes, &dirents)?);
     let usage = r.usage()?;
     let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
     let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
@@ -182,6 +183,89 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
         findings.push(format!(
             "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dirs}, {bytes}",
             usage.files, usage.dirs, usage.content_bytes
+        ));
+    }
+    Ok(findings)
+}
+
+/// Where the store exceeds the limits it records for itself (a store built before a limit
+/// was lowered, or by a path that did not enforce it): one line per finding.
+fn over_limits(
+    r: &ReadTxn,
+    inodes: &HashMap<u64, crate::store::Inode>,
+    dirents: &[(u64, crate::store::DirEntry)],
+) -> Result<Vec<String>, StoreError> {
+    let Some(limits) = r
+        .meta_bytes(crate::store::schema::META_LIMITS)?
+        .and_then(|b| serde_json::from_slice::<Limits>(&b).ok())
+    else {
+        return Ok(Vec::new());
+    };
+    let mut findings = Vec::new();
+    let mut children: HashMap<u64, Vec<&crate::store::DirEntry>> = HashMap::new();
+    for (parent, e) in dirents {
+        children.entry(*parent).or_default().push(e);
+    }
+    // Every path from the root, iteratively: (inode, path bytes, depth).
+    let mut stack = vec![(ROOT_INO, String::new(), 0usize)];
+    let mut visited = HashSet::new();
+    while let Some((dir, path, depth)) = stack.pop() {
+        if !visited.insert(dir) {
+            continue;
+        }
+        let entries = children.get(&dir).map(Vec::as_slice).unwrap_or_default();
+        let mut folded: HashMap<String, &str> = HashMap::new();
+        for e in entries {
+            let p = format!("{path}/{}", e.name);
+            if depth + 1 > limits.max_depth {
+                findings.push(format!(
+                    "{p:?} is {} levels deep, over the store's --max-depth {}",
+                    depth + 1,
+                    limits.max_depth
+                ));
+            }
+            if p.len() > limits.max_path_bytes {
+                findings.push(format!(
+                    "{p:?} is {} bytes, over the store's --max-path-bytes {}",
+                    p.len(),
+                    limits.max_path_bytes
+                ));
+            }
+            if limits.names == NameRules::Portable {
+                if let Err(err) = Name::parse(e.name.as_bytes(), NameRules::Portable) {
+                    findings.push(format!("{p:?}: {err}"));
+                }
+                if let Some(other) = folded.insert(crate::fs::name::fold_case(&e.name), &e.name) {
+                    findings.push(format!(
+                        "{p:?} and {other:?} differ only in case, under the store's --names portable"
+                    ));
+                }
+            }
+            if let Some(i) = inodes.get(&e.ino) {
+                if i.kind == Kind::File && i.size > limits.max_file_bytes {
+                    findings.push(format!(
+                        "{p:?} is {} bytes, over the store's --max-file-bytes {}",
+                        i.size, limits.max_file_bytes
+                    ));
+                }
+                if i.kind == Kind::Dir {
+                    stack.push((e.ino, p, depth + 1));
+                }
+            }
+        }
+    }
+    let content: u64 = inodes.values().map(|i| i.size).sum();
+    if limits.quota_bytes > 0 && content > limits.quota_bytes {
+        findings.push(format!(
+            "the store holds {content} content bytes, over its --quota {}",
+            limits.quota_bytes
+        ));
+    }
+    let count = inodes.len() as u64;
+    if count > limits.max_files {
+        findings.push(format!(
+            "the store holds {count} files and directories, over its --max-files {}",
+            limits.max_files
         ));
     }
     Ok(findings)

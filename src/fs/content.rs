@@ -61,6 +61,8 @@ pub struct OpenFile {
     pub changed: bool,
     /// Who changed the content last, for the history record of its commit.
     pub last_writer: super::Caller,
+    /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
+    pub reserved: u64,
 }
 
 impl OpenFile {
@@ -75,6 +77,7 @@ impl OpenFile {
             drop_from: None,
             changed: false,
             last_writer: super::Caller::default(),
+            reserved: 0,
         }
     }
 

@@ -224,6 +224,8 @@ pub struct Fs {
     invalidator: Mutex<Option<history::SharedInvalidator>>,
     lifetimes: Lifetimes,
     tracker: Tracker,
+    /// Bytes open files have buffered beyond their committed size, counted against the quota.
+    reserved: AtomicU64,
 }
 
 /// A commit that frees at least this much buffered content hands the memory back to the
@@ -253,6 +255,7 @@ impl Fs {
             poisoned: AtomicBool::new(false),
             invalidator: Mutex::new(None),
             lifetimes: Lifetimes::default(),
+            reserved: AtomicU64::new(0),
         };
         fs.reclaim_orphans()?;
         Ok(fs)
@@ -508,12 +511,13 @@ impl Fs {
                 return Err(Error::IsDir);
             }
             self.check_file_size(size)?;
-            self.check_quota(inode.size, size)?;
             let f = self.acquire(ino)?;
             let res = {
                 let mut g = lock(&f.content);
                 g.last_writer = caller;
-                let r = g.truncate(&self.store, size, now);
+                let r = self
+                    .reserve(&mut g, size)
+                    .and_then(|()| g.truncate(&self.store, size, now));
                 // Through a handle (ftruncate, O_TRUNC) the change is buffered with the rest of
                 // that handle's writes; a truncate(2) of a file nobody has open commits now.
                 if r.is_ok() && a.fh.is_none() && f.handles.load(Ordering::Acquire) == 1 {
@@ -596,16 +600,41 @@ impl Fs {
         Ok(())
     }
 
-    fn check_quota(&self, old_size: u64, new_size: u64) -> Result<()> {
+    /// Counts an open file growing to `new_size` against `--quota`, before the growth is
+    /// accepted: committed content plus what every open file has buffered beyond its
+    /// committed size (five files open at once each took 900 KB under a 1 MB quota when only
+    /// committed bytes counted). The file's share is held in `g.reserved` until its commit.
+    fn reserve(&self, g: &mut OpenFile, new_size: u64) -> Result<()> {
         let limit = self.limits.quota_bytes;
-        if limit == 0 || new_size <= old_size {
+        let extra = new_size
+            .saturating_sub(g.committed_size)
+            .saturating_sub(g.reserved);
+        if limit == 0 || extra == 0 {
             return Ok(());
         }
-        let used = self.store.read()?.usage()?.content_bytes;
-        if used.saturating_add(new_size - old_size) > limit {
+        let total = self.reserved.fetch_add(extra, Ordering::AcqRel) + extra;
+        let used = match self.store.read().and_then(|r| r.usage()) {
+            Ok(u) => u.content_bytes,
+            Err(e) => {
+                self.reserved.fetch_sub(extra, Ordering::AcqRel);
+                return Err(e.into());
+            }
+        };
+        if used.saturating_add(total) > limit {
+            self.reserved.fetch_sub(extra, Ordering::AcqRel);
             return Err(Error::QuotaExceeded { limit });
         }
+        g.reserved += extra;
         Ok(())
+    }
+
+    /// Gives back an open file's share of the quota: its content is committed (and counted
+    /// in the store's usage) or dropped.
+    fn unreserve(&self, g: &mut OpenFile) {
+        if g.reserved > 0 {
+            self.reserved.fetch_sub(g.reserved, Ordering::AcqRel);
+            g.reserved = 0;
+        }
     }
 
     /// Checks that a new entry `name` under `parent` keeps within the path limits and, for a
@@ -618,31 +647,14 @@ impl Fs {
         name: &Name,
         moving: Option<u64>,
     ) -> Result<()> {
-        let mut bytes = name.as_str().len() + 1;
-        let mut depth = 1;
-        let mut cur = parent;
-        while cur != ROOT_INO {
-            let i = w.inode(cur)?.ok_or(Error::NotFound)?;
-            bytes += i.name.len() + 1;
-            depth += 1;
-            if depth > self.limits.max_depth {
-                return Err(Error::TooDeep {
-                    depth,
-                    limit: self.limits.max_depth,
-                });
-            }
-            cur = i.parent;
-        }
-        if bytes > self.limits.max_path_bytes {
-            return Err(Error::PathTooLong {
-                bytes,
-                limit: self.limits.max_path_bytes,
-            });
-        }
+        let (bytes, depth) = self.path_cost(w, parent, name.as_str())?;
+        self.check_path(bytes, depth)?;
         if self.limits.names == NameRules::Portable {
             let folded = name.fold_case();
             let clash = w.list(parent, usize::MAX)?.into_iter().any(|e| {
-                Some(e.ino) != moving && e.name != name.as_str() && e.name.to_lowercase() == folded
+                Some(e.ino) != moving
+                    && e.name != name.as_str()
+                    && name::fold_case(&e.name) == folded
             });
             if clash {
                 return Err(Error::Name(NameError::PortableCaseClash));
@@ -654,6 +666,64 @@ impl Fs {
                 return Err(Error::TooManyFiles {
                     limit: self.limits.max_files,
                 });
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes ("/a/b" is 4) and levels of the path of `name` under `parent`; the walk up
+    /// stops one level past the depth limit (a deeper chain is refused anyway).
+    fn path_cost(&self, w: &WriteTxn<'_>, parent: u64, name: &str) -> Result<(usize, usize)> {
+        let mut bytes = name.len() + 1;
+        let mut depth = 1;
+        let mut cur = parent;
+        while cur != ROOT_INO && depth <= self.limits.max_depth {
+            let i = w.inode(cur)?.ok_or(Error::NotFound)?;
+            bytes += i.name.len() + 1;
+            depth += 1;
+            cur = i.parent;
+        }
+        Ok((bytes, depth))
+    }
+
+    fn check_path(&self, bytes: usize, depth: usize) -> Result<()> {
+        if depth > self.limits.max_depth {
+            return Err(Error::TooDeep {
+                depth,
+                limit: self.limits.max_depth,
+            });
+        }
+        if bytes > self.limits.max_path_bytes {
+            return Err(Error::PathTooLong {
+                bytes,
+                limit: self.limits.max_path_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// A directory moving from (`old_bytes`, `old_depth`) to a longer or deeper place: every
+    /// entry under it must stay within the path limits there. A walk of the subtree, done
+    /// only when the move goes deeper or longer (a subtree that was within the limits stays
+    /// within them otherwise), iterative, and bounded by the store's entries.
+    fn check_moved_subtree(
+        &self,
+        w: &WriteTxn<'_>,
+        dir: u64,
+        (old_bytes, old_depth): (usize, usize),
+        (new_bytes, new_depth): (usize, usize),
+    ) -> Result<()> {
+        if new_bytes <= old_bytes && new_depth <= old_depth {
+            return Ok(());
+        }
+        let mut stack = vec![(dir, new_bytes, new_depth)];
+        while let Some((ino, bytes, depth)) = stack.pop() {
+            for e in w.list(ino, usize::MAX)? {
+                let (b, d) = (bytes + e.name.len() + 1, depth + 1);
+                self.check_path(b, d)?;
+                if e.kind == Kind::Dir {
+                    stack.push((e.ino, b, d));
+                }
             }
         }
         Ok(())
@@ -971,6 +1041,10 @@ impl Fs {
     /// by the caller) before the store's write lock.
     fn commit_file(&self, f: &FileSlot, g: &mut OpenFile) -> Result<()> {
         if !g.changed || f.unlinked.load(Ordering::Acquire) {
+            // Nothing to add to the store: an unlinked file's buffer is dropped.
+            if f.unlinked.load(Ordering::Acquire) {
+                self.unreserve(g);
+            }
             return Ok(());
         }
         self.writable()?;
@@ -993,6 +1067,7 @@ impl Fs {
         }
         self.commit(w, Sync::Durable)?;
         g.committed();
+        self.unreserve(g);
         if large {
             return_freed_memory();
         }
@@ -1150,8 +1225,7 @@ impl Fs {
             })?;
         self.check_file_size(end)?;
         if end > g.size {
-            // Quota counts committed bytes; what this file has buffered beyond them counts too.
-            self.check_quota(g.committed_size, end)?;
+            self.reserve(&mut g, end)?;
         }
         g.last_writer = caller;
         g.write(&self.store, offset, data, now_ns())?;
@@ -1404,6 +1478,14 @@ impl Fs {
             ));
         }
         self.check_new_entry(&w, new_parent, &new_name, Some(src))?;
+        if src_kind == Kind::Dir {
+            self.check_moved_subtree(
+                &w,
+                src,
+                self.path_cost(&w, parent, name.as_str())?,
+                self.path_cost(&w, new_parent, new_name.as_str())?,
+            )?;
+        }
         let mut removal = None;
         if let Some((d, dk)) = dst {
             match (src_kind, dk) {
@@ -1512,6 +1594,15 @@ impl Fs {
             return Err(Error::Invalid(
                 "a directory cannot move into its own subtree",
             ));
+        }
+        // Each side takes the other's place: both must fit the path limits there.
+        for (ino, kind, from, to) in [(ia, ka, (pa, na), (pb, nb)), (ib, kb, (pb, nb), (pa, na))] {
+            let new_cost = self.path_cost(&w, to.0, to.1.as_str())?;
+            self.check_path(new_cost.0, new_cost.1)?;
+            if kind == Kind::Dir {
+                let old_cost = self.path_cost(&w, from.0, from.1.as_str())?;
+                self.check_moved_subtree(&w, ino, old_cost, new_cost)?;
+            }
         }
         let now = now_ns();
         w.put_dirent(pa, na.as_str(), ib, kb)?;

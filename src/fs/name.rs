@@ -61,10 +61,7 @@ impl Name {
 
     /// The key under which case-insensitive siblings collide (portable rules).
     pub fn fold_case(&self) -> String {
-        // Upper, then lower case: what the targets' filesystems fold together. Lower case
-        // alone keeps dotless i (U+0131) apart from I, which NTFS's upcase table maps to one
-        // letter; "ß" and "ss", and the Kelvin sign and K, come together too.
-        self.0.to_uppercase().to_lowercase()
+        fold_case(&self.0)
     }
 }
 
@@ -148,6 +145,14 @@ impl fmt::Display for NameError {
 
 /// Unicode general category Cf (format characters): invisible characters that change how text
 /// around them displays, such as bidirectional overrides and zero-width joiners.
+/// The key under which names collide when case is ignored: upper, then lower case, as the
+/// targets' filesystems fold. Lower case alone keeps dotless i (U+0131) apart from I, which
+/// NTFS's upcase table maps to one letter; "ß" and "ss", and the Kelvin sign and K, come
+/// together too.
+pub fn fold_case(name: &str) -> String {
+    name.to_uppercase().to_lowercase()
+}
+
 /// Characters that render as nothing (or as a line break) but are not in category Cf:
 /// Hangul fillers, the blank Braille pattern, and the line and paragraph separators.
 fn is_invisible(c: char) -> bool {
