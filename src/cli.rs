@@ -70,6 +70,11 @@ enum Cmd {
         /// Largest file (EFBIG beyond), e.g. 256M. Kept in the store.
         #[arg(long, value_parser = parse_size)]
         max_file_bytes: Option<u64>,
+        /// Content all open files may buffer in memory before a writer's buffer moves to a
+        /// private temporary file beside the store, e.g. 1G. Kept in the store [default for
+        /// a new store: 1G].
+        #[arg(long, value_parser = parse_size)]
+        max_buffer: Option<u64>,
         /// Total content bytes (ENOSPC beyond), e.g. 10G; 0 for none. Kept in the store.
         #[arg(long, value_parser = parse_size)]
         quota: Option<u64>,
@@ -371,6 +376,7 @@ fn run(cli: Cli) -> Result<i32, String> {
             verbose,
             threads,
             max_file_bytes,
+            max_buffer,
             quota,
             max_files,
             max_path_bytes,
@@ -417,6 +423,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 threads,
                 limits: LimitOverrides {
                     max_file_bytes,
+                    max_buffer_bytes: max_buffer,
                     quota_bytes: quota,
                     max_files,
                     max_path_bytes,

@@ -45,6 +45,7 @@ pub const DEFAULT_KEEP_HISTORY_NS: u64 = 30 * 86_400 * 1_000_000_000;
 #[derive(Clone, Debug, Default)]
 pub struct LimitOverrides {
     pub max_file_bytes: Option<u64>,
+    pub max_buffer_bytes: Option<u64>,
     pub quota_bytes: Option<u64>,
     pub max_files: Option<u64>,
     pub max_path_bytes: Option<usize>,
@@ -57,6 +58,9 @@ impl LimitOverrides {
     fn apply(&self, mut l: Limits) -> Limits {
         if let Some(v) = self.max_file_bytes {
             l.max_file_bytes = v;
+        }
+        if let Some(v) = self.max_buffer_bytes {
+            l.max_buffer_bytes = v;
         }
         if let Some(v) = self.quota_bytes {
             l.quota_bytes = v;

@@ -750,3 +750,47 @@ fn a_clean_close_leaves_the_store_file_complete_on_its_own() {
     std::fs::copy(&path, &copy).unwrap();
     assert_recovered(&copy, d, &expected);
 }
+
+/// With every write over `--max-buffer`, each buffer moves to the spill file at once: reads,
+/// overwrites, truncation and the commit all work from there.
+#[test]
+fn spilled_content_reads_writes_truncates_and_commits_as_buffered_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (1000, 1000)).unwrap();
+    let limits = Limits {
+        max_buffer_bytes: 1,
+        ..Limits::default()
+    };
+    let fs = Fs::new(store, limits).unwrap();
+    let (inode, fh) = fs
+        .create(ME, ROOT_INO, b"big", 0o600, 0, libc::O_RDWR)
+        .unwrap();
+    let chunk = redbfs::store::CHUNK_SIZE as usize;
+    let mut want = vec![0u8; 3 * chunk + 100];
+    for (i, b) in want.iter_mut().enumerate() {
+        *b = (i % 249) as u8;
+    }
+    fs.write(ME, fh, 0, &want).unwrap();
+    fs.write(ME, fh, chunk as u64 + 10, b"overwrite").unwrap();
+    want[chunk + 10..chunk + 19].copy_from_slice(b"overwrite");
+    assert_eq!(fs.read(fh, 0, u32::MAX).unwrap(), want);
+    fs.setattr(
+        ME,
+        inode.ino,
+        SetAttr {
+            size: Some(2 * chunk as u64 + 5),
+            fh: Some(fh),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    want.truncate(2 * chunk + 5);
+    assert_eq!(fs.read(fh, 0, u32::MAX).unwrap(), want);
+    // Nothing is in the store before the commit.
+    assert_eq!(fs.store().read().unwrap().usage().unwrap().content_bytes, 0);
+    fs.flush(fh).unwrap();
+    fs.release(fh).unwrap();
+    fs.forget(inode.ino, 1);
+    assert_eq!(read_all(&fs, inode.ino), want);
+    assert_eq!(fs.open_counts().1, 0, "no buffered memory left");
+}

@@ -7,6 +7,8 @@
 //! only moves `size` and the new range reads as zeros.
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
@@ -55,6 +57,10 @@ pub struct OpenFile {
     pub pending_ctime: Option<i64>,
     /// Buffered chunks, each holding bytes from the start of the chunk.
     dirty: BTreeMap<u64, Vec<u8>>,
+    /// Buffered chunks moved out of memory (see `spill`).
+    spilled: Option<Spill>,
+    /// Bytes of memory this file's buffer is counted for in `Fs`'s total.
+    pub accounted: usize,
     /// Chunks from this index on are void in the store (truncated away).
     drop_from: Option<u64>,
     /// Something is buffered that the store does not have yet.
@@ -78,6 +84,8 @@ impl OpenFile {
             changed: false,
             last_writer: super::Caller::default(),
             reserved: 0,
+            spilled: None,
+            accounted: 0,
         }
     }
 
@@ -87,6 +95,15 @@ impl OpenFile {
 
     /// The buffered chunk `idx`, loading it from the store on first touch.
     fn chunk_mut(&mut self, store: &Store, idx: u64) -> Result<&mut Vec<u8>> {
+        if let Some(data) = self
+            .spilled
+            .as_mut()
+            .map(|s| s.take(idx))
+            .transpose()?
+            .flatten()
+        {
+            self.dirty.insert(idx, data);
+        }
         if !self.dirty.contains_key(&idx) {
             // No stored chunk lies at or beyond the stored size, so appending never reads.
             let data = if self.voided(idx) || idx * CHUNK_SIZE >= self.committed_size {
@@ -114,14 +131,24 @@ impl OpenFile {
         let first = offset / CHUNK_SIZE;
         let last = (end - 1) / CHUNK_SIZE;
         // Chunks that must come from the store, fetched in one read transaction.
-        let need_store = (first..=last).any(|i| !self.dirty.contains_key(&i) && !self.voided(i));
+        let need_store = (first..=last).any(|i| {
+            !self.dirty.contains_key(&i)
+                && !self.voided(i)
+                && !self.spilled.as_ref().is_some_and(|s| s.has(i))
+        });
         let stored = if need_store {
             store.read()?.chunks(self.ino, first, last - first + 1)?
         } else {
             Vec::new()
         };
         for idx in first..=last {
+            let from_spill = match &self.spilled {
+                Some(sp) if !self.dirty.contains_key(&idx) => sp.read(idx)?,
+                _ => None,
+            };
             let data: &[u8] = if let Some(d) = self.dirty.get(&idx) {
+                d
+            } else if let Some(d) = &from_spill {
                 d
             } else if self.voided(idx) {
                 continue;
@@ -171,6 +198,9 @@ impl OpenFile {
         if new_size < self.size {
             let keep = new_size.div_ceil(CHUNK_SIZE);
             self.dirty.retain(|&i, _| i < keep);
+            if let Some(sp) = &mut self.spilled {
+                sp.chunks.retain(|&i, _| i < keep);
+            }
             self.drop_from = Some(self.drop_from.map_or(keep, |d| d.min(keep)));
             let within = (new_size % CHUNK_SIZE) as usize;
             if within != 0 {
@@ -198,6 +228,14 @@ impl OpenFile {
             w.remove_chunks_from(self.ino, d)?;
         }
         w.put_chunks(self.ino, self.dirty.iter().map(|(&i, d)| (i, d.as_slice())))?;
+        if let Some(sp) = &self.spilled {
+            // One chunk in memory at a time.
+            for &idx in sp.chunks.keys() {
+                if let Some(data) = sp.read(idx)? {
+                    w.put_chunks(self.ino, std::iter::once((idx, data.as_slice())))?;
+                }
+            }
+        }
         inode.size = self.size;
         if let Some(t) = self.pending_mtime {
             inode.mtime = t;
@@ -211,6 +249,7 @@ impl OpenFile {
     /// Marks everything staged as in the store.
     pub fn committed(&mut self) {
         self.dirty.clear();
+        self.spilled = None;
         self.drop_from = None;
         self.pending_mtime = None;
         self.pending_ctime = None;
@@ -221,5 +260,78 @@ impl OpenFile {
     /// Bytes buffered in memory.
     pub fn buffered_bytes(&self) -> usize {
         self.dirty.values().map(|c| c.capacity()).sum()
+    }
+
+    /// Moves every buffered chunk out of memory into a private temporary file beside the
+    /// store (created 0600 and unlinked from the start); reads, later writes and the commit
+    /// take them from there. Visibility and durability are unchanged: the content is still
+    /// committed whole at close or fsync.
+    pub fn spill(&mut self, dir: &Path) -> Result<()> {
+        if self.dirty.is_empty() {
+            return Ok(());
+        }
+        if self.spilled.is_none() {
+            let file = tempfile::tempfile_in(dir).map_err(|e| {
+                Error::Store(crate::store::StoreError::Io(format!(
+                    "spilling buffered content to {}: {e}",
+                    dir.display()
+                )))
+            })?;
+            self.spilled = Some(Spill {
+                file,
+                chunks: BTreeMap::new(),
+            });
+        }
+        let sp = self.spilled.as_mut().expect("set above");
+        for (idx, data) in std::mem::take(&mut self.dirty) {
+            sp.put(idx, &data)?;
+        }
+        Ok(())
+    }
+}
+
+/// Buffered chunks of one open file kept in an anonymous temporary file, each at its own
+/// offset (chunk index times the chunk size), with its length.
+#[derive(Debug)]
+struct Spill {
+    file: std::fs::File,
+    chunks: BTreeMap<u64, usize>,
+}
+
+fn spill_error(e: std::io::Error) -> Error {
+    Error::Store(crate::store::StoreError::Io(format!(
+        "spilled content: {e}"
+    )))
+}
+
+impl Spill {
+    fn has(&self, idx: u64) -> bool {
+        self.chunks.contains_key(&idx)
+    }
+
+    fn put(&mut self, idx: u64, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(data, idx * CHUNK_SIZE)
+            .map_err(spill_error)?;
+        self.chunks.insert(idx, data.len());
+        Ok(())
+    }
+
+    fn read(&self, idx: u64) -> Result<Option<Vec<u8>>> {
+        let Some(&len) = self.chunks.get(&idx) else {
+            return Ok(None);
+        };
+        let mut data = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut data, idx * CHUNK_SIZE)
+            .map_err(spill_error)?;
+        Ok(Some(data))
+    }
+
+    /// Chunk `idx` back in memory, forgotten here.
+    fn take(&mut self, idx: u64) -> Result<Option<Vec<u8>>> {
+        let data = self.read(idx)?;
+        self.chunks.remove(&idx);
+        Ok(data)
     }
 }

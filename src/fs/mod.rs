@@ -83,6 +83,15 @@ pub struct Limits {
     /// What a replace that would lose another process's edit does.
     #[serde(default)]
     pub lost_updates: LostUpdates,
+    /// Content all open files may hold in memory before a writer's buffer moves to a
+    /// private temporary file (see `content::OpenFile::spill`).
+    #[serde(default = "default_max_buffer")]
+    pub max_buffer_bytes: u64,
+}
+
+/// Four files at the default size cap may be buffered in memory at once.
+fn default_max_buffer() -> u64 {
+    1 << 30
 }
 
 impl Limits {
@@ -110,6 +119,7 @@ impl Default for Limits {
             max_depth: 32,
             names: NameRules::Linux,
             lost_updates: LostUpdates::Record,
+            max_buffer_bytes: default_max_buffer(),
         }
     }
 }
@@ -226,6 +236,8 @@ pub struct Fs {
     tracker: Tracker,
     /// Bytes open files have buffered beyond their committed size, counted against the quota.
     reserved: AtomicU64,
+    /// Bytes of memory open files' buffers hold, kept under `--max-buffer`.
+    buffered: AtomicU64,
 }
 
 /// A commit that frees at least this much buffered content hands the memory back to the
@@ -256,6 +268,7 @@ impl Fs {
             invalidator: Mutex::new(None),
             lifetimes: Lifetimes::default(),
             reserved: AtomicU64::new(0),
+            buffered: AtomicU64::new(0),
         };
         fs.reclaim_orphans()?;
         Ok(fs)
@@ -517,7 +530,8 @@ impl Fs {
                 g.last_writer = caller;
                 let r = self
                     .reserve(&mut g, size)
-                    .and_then(|()| g.truncate(&self.store, size, now));
+                    .and_then(|()| g.truncate(&self.store, size, now))
+                    .and_then(|()| self.account(&mut g));
                 // Through a handle (ftruncate, O_TRUNC) the change is buffered with the rest of
                 // that handle's writes; a truncate(2) of a file nobody has open commits now.
                 if r.is_ok() && a.fh.is_none() && f.handles.load(Ordering::Acquire) == 1 {
@@ -625,6 +639,33 @@ impl Fs {
             return Err(Error::QuotaExceeded { limit });
         }
         g.reserved += extra;
+        Ok(())
+    }
+
+    /// Counts `g`'s buffer memory after a change; past `--max-buffer` for all open files
+    /// together, this file's buffer moves to its spill file (the writer that crosses the
+    /// bound pays, so memory stays within the bound plus one write).
+    fn account(&self, g: &mut OpenFile) -> Result<()> {
+        let now = g.buffered_bytes() as u64;
+        let before = g.accounted as u64;
+        let total = if now >= before {
+            self.buffered.fetch_add(now - before, Ordering::AcqRel) + (now - before)
+        } else {
+            self.buffered.fetch_sub(before - now, Ordering::AcqRel) - (before - now)
+        };
+        g.accounted = now as usize;
+        if total > self.limits.max_buffer_bytes {
+            let dir = self
+                .store
+                .path()
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf();
+            g.spill(&dir)?;
+            self.buffered.fetch_sub(now, Ordering::AcqRel);
+            g.accounted = 0;
+        }
         Ok(())
     }
 
@@ -982,6 +1023,15 @@ impl Fs {
                 map.remove(&f.ino);
             }
             drop(map);
+            // What the buffer still holds (an unlinked file's, or one whose commit failed)
+            // goes with the slot: its memory and quota share are given back.
+            {
+                let mut g = lock(&f.content);
+                self.unreserve(&mut g);
+                self.buffered
+                    .fetch_sub(g.accounted as u64, Ordering::AcqRel);
+                g.accounted = 0;
+            }
             if f.unlinked.load(Ordering::Acquire) {
                 self.reclaim_if_unused(f.ino);
             }
@@ -1041,10 +1091,6 @@ impl Fs {
     /// by the caller) before the store's write lock.
     fn commit_file(&self, f: &FileSlot, g: &mut OpenFile) -> Result<()> {
         if !g.changed || f.unlinked.load(Ordering::Acquire) {
-            // Nothing to add to the store: an unlinked file's buffer is dropped.
-            if f.unlinked.load(Ordering::Acquire) {
-                self.unreserve(g);
-            }
             return Ok(());
         }
         self.writable()?;
@@ -1068,6 +1114,7 @@ impl Fs {
         self.commit(w, Sync::Durable)?;
         g.committed();
         self.unreserve(g);
+        self.account(g)?;
         if large {
             return_freed_memory();
         }
@@ -1103,7 +1150,9 @@ impl Fs {
             let mut g = lock(&f.content);
             g.last_writer = caller;
             if g.size != 0
-                && let Err(e) = g.truncate(&self.store, 0, now_ns())
+                && let Err(e) = g
+                    .truncate(&self.store, 0, now_ns())
+                    .and_then(|()| self.account(&mut g))
             {
                 drop(g);
                 self.release_file(&f);
@@ -1229,6 +1278,7 @@ impl Fs {
         }
         g.last_writer = caller;
         g.write(&self.store, offset, data, now_ns())?;
+        self.account(&mut g)?;
         Ok(data.len() as u32)
     }
 
