@@ -174,6 +174,24 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             findings.push(format!("blob {b} is stored but nothing refers to it"));
         }
     }
+    let damaged: HashSet<u64> = r.damaged_blobs()?.into_iter().collect();
+    if !damaged.is_empty() {
+        let mut named = HashSet::new();
+        for (ino, idx, b) in r.all_filemap()? {
+            if damaged.contains(&b) {
+                named.insert(b);
+                let path = crate::fs::path_of_inode(r, ino);
+                findings.push(format!(
+                    "{path}: chunk {idx} (blob {b}) does not match its checksum"
+                ));
+            }
+        }
+        for b in damaged.difference(&named) {
+            findings.push(format!(
+                "blob {b} (an earlier version kept by the history) does not match its checksum"
+            ));
+        }
+    }
     findings.extend(over_limits(r, &inodes, &dirents)?);
     let usage = r.usage()?;
     let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;

@@ -1023,3 +1023,65 @@ fn io_fault_on_a_checkpoints_sync() {
         io_fault("sync", 1, 700_000);
     }
 }
+
+/// A bit flipped in a file's stored content was served by the mount and by `cat` with exit
+/// 0; only `check` noticed. Each chunk now carries a checksum verified on every read: the
+/// read fails with EIO and one error line names the file, the chunk and `redbfs check`.
+#[test]
+fn a_flipped_bit_in_stored_content_is_an_error_not_data() {
+    if !fuse_available() {
+        return;
+    }
+    let mut tm = TestMount::new();
+    let pattern: Vec<u8> = b"checksum-guarded-memory-"
+        .iter()
+        .cycle()
+        .take(20_000)
+        .copied()
+        .collect();
+    std::fs::write(tm.path("notes.md"), &pattern).unwrap();
+    std::fs::write(tm.path("other.md"), b"untouched").unwrap();
+    tm.unmount();
+    // Flip one bit in the middle of the content, where it lies in the store file.
+    let mut bytes = std::fs::read(&tm.store).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern.as_slice())
+        .expect("the content is in the store file")
+        + 10_000;
+    bytes[at] ^= 0x04;
+    std::fs::write(&tm.store, &bytes).unwrap();
+
+    let out = common::redbfs(&["cat", tm.store.to_str().unwrap(), "/notes.md"]);
+    assert!(!out.status.success(), "cat served damaged content");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("checksum") && err.contains("redbfs check"),
+        "{err}"
+    );
+    let out = common::redbfs(&["check", tm.store.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "check called it clean: {text}");
+    assert!(
+        text.contains("/notes.md: chunk 0") && text.contains("checksum"),
+        "{text}"
+    );
+
+    tm.mount();
+    let e = std::fs::read(tm.path("notes.md")).expect_err("the mount served damaged content");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(std::fs::read(tm.path("other.md")).unwrap(), b"untouched");
+    let log = tm.log_text();
+    let lines: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("does not match its checksum"))
+        .collect();
+    assert!(!lines.is_empty(), "no error line:\n{log}");
+    assert!(
+        lines[0].contains("/notes.md")
+            && lines[0].contains("chunk 0")
+            && lines[0].contains("redbfs check"),
+        "{}",
+        lines[0]
+    );
+}

@@ -66,6 +66,28 @@ pub fn resolve_path(
     ))
 }
 
+/// The path of inode `ino` from the root as `r` sees it, for reports; `<inode N>` when it
+/// has no name (an orphan) or its parents are broken.
+pub fn path_of_inode(r: &store::ReadTxn, ino: u64) -> String {
+    let mut parts = Vec::new();
+    let mut cur = ino;
+    // Deeper than any path a store allows is a broken chain.
+    for _ in 0..4096 {
+        if cur == ROOT_INO {
+            parts.reverse();
+            return format!("/{}", parts.join("/"));
+        }
+        match r.inode(cur) {
+            Ok(Some(i)) if i.nlink > 0 => {
+                parts.push(i.name);
+                cur = i.parent;
+            }
+            _ => break,
+        }
+    }
+    format!("<inode {ino}>")
+}
+
 /// Limits set at mount and kept in the store, so a restart keeps them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {

@@ -42,6 +42,8 @@ pub enum StoreError {
     /// Refused before touching anything, for the reason given (a symlink beside the store, a
     /// directory other users can write in).
     Refused(String),
+    /// A content chunk read from the store does not match its checksum.
+    Checksum { ino: u64, idx: u64, blob: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -66,6 +68,10 @@ impl std::fmt::Display for StoreError {
             StoreError::NoRoom => write!(f, "no space left on the disk that holds the store"),
             StoreError::Io(m) => write!(f, "store I/O error: {m}"),
             StoreError::Refused(m) => write!(f, "{m}"),
+            StoreError::Checksum { ino, idx, blob } => write!(
+                f,
+                "chunk {idx} of inode {ino} (blob {blob}) does not match its checksum: the store file is damaged; run `redbfs check` on it and restore from a snapshot"
+            ),
         }
     }
 }
@@ -220,6 +226,34 @@ impl Store {
         &self.path
     }
 
+    /// Migrates a format-2 store: every blob gets its checksum, in one durable transaction.
+    fn add_checksums(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        let mut n = 0u64;
+        {
+            let mut blobs = w.tx.open_table(BLOBS).map_err(map_err)?;
+            let ids: Vec<u64> = blobs
+                .iter()
+                .map_err(map_err)?
+                .map(|item| item.map(|(k, _)| k.value()).map_err(map_err))
+                .collect::<Result<_, _>>()?;
+            for id in ids {
+                let raw = match blobs.get(id).map_err(map_err)? {
+                    // Redacted blobs stay empty.
+                    Some(v) if !v.value().is_empty() => schema::encode_blob(v.value()),
+                    _ => continue,
+                };
+                blobs.insert(id, raw.as_slice()).map_err(map_err)?;
+                n += 1;
+            }
+        }
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), chunks = n, "store format 2 migrated to 3: every content chunk now has a checksum");
+        Ok(())
+    }
+
     fn init_or_verify(&self, root_owner: (u32, u32)) -> Result<(), StoreError> {
         let r = self.read()?;
         match r.meta_u64(META_FORMAT)? {
@@ -227,6 +261,11 @@ impl Store {
                 let keep = r.meta_u64(META_KEEP_HISTORY)?.unwrap_or(0);
                 self.keep_history_ns.store(keep, Ordering::Relaxed);
                 return Ok(());
+            }
+            Some(v) if v == schema::FORMAT_WITHOUT_CHECKSUMS as u64 => {
+                drop(r);
+                self.add_checksums()?;
+                return self.init_or_verify(root_owner);
             }
             Some(v) => {
                 return Err(StoreError::UnknownFormat {
@@ -628,7 +667,10 @@ fn chunk_in(
         return Ok(None);
     };
     match blobs.get(blob).map_err(map_err)? {
-        Some(v) => Ok(Some(v.value().to_vec())),
+        Some(v) => match schema::decode_blob(v.value()) {
+            Some(data) => Ok(Some(data.to_vec())),
+            None => Err(StoreError::Checksum { ino, idx, blob }),
+        },
         None => Err(StoreError::Corrupt(format!(
             "chunk {idx} of inode {ino} points to missing blob {blob}"
         ))),
@@ -1022,6 +1064,19 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// Blobs whose content does not match its checksum (for check).
+    pub fn damaged_blobs(&self) -> Result<Vec<u64>, StoreError> {
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in blobs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            if schema::decode_blob(v.value()).is_none() {
+                out.push(k.value());
+            }
+        }
+        Ok(out)
+    }
+
     /// Every (ino, chunk index, blob length) in key order (for check and tools).
     pub fn all_chunks(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
@@ -1033,7 +1088,7 @@ impl ReadTxn {
             let len = blobs
                 .get(v.value())
                 .map_err(map_err)?
-                .map(|b| b.value().len() as u64)
+                .map(|b| b.value().len().saturating_sub(4) as u64)
                 .ok_or_else(|| corrupt("blob", ino))?;
             out.push((ino, idx, len));
         }
@@ -1421,8 +1476,9 @@ impl WriteTxn<'_> {
             let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
             for (blob, (_, data)) in (first..).zip(chunks.clone()) {
                 self.written += data.len() as u64;
-                blobs.insert(blob, data).map_err(map_err)?;
-                redo_put(&self.redo, BLOBS, &blob, &data);
+                let raw = schema::encode_blob(data);
+                blobs.insert(blob, raw.as_slice()).map_err(map_err)?;
+                redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
             }
         }
         for (blob, (idx, _)) in (first..).zip(chunks) {
@@ -1878,4 +1934,57 @@ fn fresh_id() -> u64 {
         now_ns() as u64 ^ ((std::process::id() as u64) << 32)
     };
     id.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store of format 2 (content stored without checksums) is migrated when opened: every
+    /// chunk gets its checksum and reads as before.
+    #[test]
+    fn a_format_2_store_gets_checksums_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        {
+            let store = Store::open_or_create(&path, (0, 0)).unwrap();
+            let mut w = store.write().unwrap();
+            w.put_chunks(7, [(0, &data[..60_000]), (1, &data[60_000..])])
+                .unwrap();
+            w.commit(Sync::Durable).unwrap();
+            // Back to format 2: the blobs hold their content alone.
+            let w = store.write().unwrap();
+            {
+                let mut blobs = w.tx.open_table(BLOBS).unwrap();
+                let raw: Vec<(u64, Vec<u8>)> = blobs
+                    .iter()
+                    .unwrap()
+                    .map(|i| {
+                        let (k, v) = i.unwrap();
+                        (k.value(), schema::decode_blob(v.value()).unwrap().to_vec())
+                    })
+                    .collect();
+                for (k, v) in raw {
+                    blobs.insert(k, v.as_slice()).unwrap();
+                }
+            }
+            w.put_meta(META_FORMAT, &2u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+        }
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        assert!(r.damaged_blobs().unwrap().is_empty());
+        let got: Vec<u8> = r
+            .chunks(7, 0, 2)
+            .unwrap()
+            .into_iter()
+            .flat_map(|c| c.unwrap())
+            .collect();
+        assert_eq!(got, data);
+    }
 }

@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 1)
+//! # Tables (format version 3)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -15,7 +15,10 @@
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
 //! filemap  (u64, u64)      -> u64       (ino, chunk index) -> blob id; a missing index is a hole
-//! blobs    u64 blob id     -> &[u8]     chunk content, at most CHUNK_SIZE bytes, immutable once
+//! blobs    u64 blob id     -> &[u8]     u32 CRC-32C of the content (LE), then the chunk's
+//!                                       content, at most CHUNK_SIZE bytes (format 3; format 2
+//!                                       stored the content alone and is migrated at open); an
+//!                                       empty value is a redacted blob. Immutable once
 //!                                       written: a write makes a new blob and repoints filemap,
 //!                                       so a later history table can keep referencing old blobs
 //!                                       without copying them
@@ -61,7 +64,9 @@
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
+/// The format before chunk checksums, migrated at open.
+pub const FORMAT_WITHOUT_CHECKSUMS: u32 = 2;
 
 /// Bytes per content chunk. Small memories fit in one chunk; large files stream. A value
 /// that fills a redb leaf on its own must leave room for the leaf's header, or redb rounds
@@ -542,5 +547,39 @@ mod tests {
         b[0] = 2;
         assert_eq!(Inode::decode(42, &b), None);
         assert_eq!(Inode::decode(42, &b[..10]), None);
+    }
+}
+
+/// A blob's stored value: the CRC-32C of `data`, then `data`.
+pub fn encode_blob(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + data.len());
+    out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// A blob's content, once its checksum matches; None when it does not (or the value is too
+/// short to hold one). An empty value is a redacted blob: empty content.
+pub fn decode_blob(raw: &[u8]) -> Option<&[u8]> {
+    if raw.is_empty() {
+        return Some(raw);
+    }
+    let (sum, data) = raw.split_at_checked(4)?;
+    (crc32c::crc32c(data).to_le_bytes() == sum).then_some(data)
+}
+
+#[cfg(test)]
+mod blob_tests {
+    use super::*;
+
+    #[test]
+    fn a_blob_round_trips_and_a_flipped_bit_is_caught() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        let mut raw = encode_blob(&data);
+        assert_eq!(decode_blob(&raw), Some(data.as_slice()));
+        raw[1234] ^= 0x10;
+        assert_eq!(decode_blob(&raw), None);
+        assert_eq!(decode_blob(&[]), Some(&[][..]), "a redacted blob is empty");
+        assert_eq!(decode_blob(&[1, 2]), None);
     }
 }
