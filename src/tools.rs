@@ -258,10 +258,15 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 }
 
 use crate::private::parent_dir;
+use crate::store::disk::Disk;
 
 /// Opens a store file and checks it: redb's integrity check plus every invariant.
 pub fn verify(path: &Path) -> Result<()> {
-    let mut s = Store::open_existing(path).map_err(err)?;
+    verify_on(&Disk::Host, path)
+}
+
+fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
+    let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
     if !s.check_integrity().map_err(err)? {
         return Err(format!("{}: redb had to repair the file", path.display()));
     }
@@ -339,48 +344,53 @@ pub fn restore(
     store: &Path,
     discard_current: bool,
 ) -> Result<Option<PathBuf>> {
+    restore_on(&Disk::Host, snapshot_path, store, discard_current)
+}
+
+/// `restore` on `disk` (the power-cut tests run it on a simulated disk).
+#[doc(hidden)]
+pub fn restore_on(
+    disk: &Disk,
+    snapshot_path: &Path,
+    store: &Path,
+    discard_current: bool,
+) -> Result<Option<PathBuf>> {
     crate::private::check_store_dir(store)?;
-    verify(snapshot_path)?;
+    verify_on(disk, snapshot_path)?;
     let dir = parent_dir(store);
     let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let copied = (|| -> Result<()> {
-        let mut to =
-            crate::private::create_new(&tmp).map_err(|e| crate::private::describe(&tmp, e))?;
-        let mut from = std::fs::File::open(snapshot_path)
-            .map_err(|e| format!("{}: {e}", snapshot_path.display()))?;
-        std::io::copy(&mut from, &mut to)
-            .map_err(|e| format!("copying {}: {e}", snapshot_path.display()))?;
-        to.sync_all().map_err(err)
-    })();
-    if let Err(e) = copied {
-        let _ = std::fs::remove_file(&tmp);
+    let _ = disk.remove(&tmp);
+    if let Err(e) = disk.copy_new(snapshot_path, &tmp) {
+        let _ = disk.remove(&tmp);
         return Err(e);
     }
     // A store left by a crash may hold commits only in its log: opening it applies them, so
     // the file kept below is complete. A log that cannot be applied goes with the old file.
     let log = crate::store::wal::path_of(store);
-    if log.exists() {
-        drop(Store::open_existing(store));
+    if disk.exists(&log) {
+        drop(Store::open_existing_on(disk.clone(), store));
     }
     let mut kept = None;
-    if store.exists() && !discard_current {
+    if disk.exists(store) && !discard_current {
         let secs = now_ns() / 1_000_000_000;
         let mut k = store.as_os_str().to_owned();
         k.push(format!(".before-restore-{secs}"));
         let k = PathBuf::from(k);
-        std::fs::hard_link(store, &k).map_err(|e| format!("keeping {}: {e}", store.display()))?;
+        disk.hard_link(store, &k)
+            .map_err(|e| format!("keeping {}: {e}", store.display()))?;
         kept = Some(k);
     }
-    if log.exists() {
+    if disk.exists(&log) {
         let moved = match &kept {
-            Some(k) => std::fs::rename(&log, crate::store::wal::path_of(k)),
-            None => std::fs::remove_file(&log),
+            Some(k) => disk.rename(&log, &crate::store::wal::path_of(k)),
+            None => disk.remove(&log),
         };
         moved.map_err(|e| format!("{}: {e}", log.display()))?;
     }
-    std::fs::rename(&tmp, store).map_err(|e| format!("{}: {e}", store.display()))?;
-    fsync_dir(&dir)?;
+    disk.rename(&tmp, store)
+        .map_err(|e| format!("{}: {e}", store.display()))?;
+    disk.sync_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(kept)
 }
 

@@ -5,9 +5,13 @@
 //! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
 //! directory counts) change in the same transaction as the records they count.
 
+#[doc(hidden)]
+pub mod disk;
 pub mod fault;
 mod redo;
 pub mod schema;
+#[doc(hidden)]
+pub mod sim;
 pub mod wal;
 
 use std::cell::RefCell;
@@ -134,6 +138,8 @@ pub struct Store {
     db: Database,
     /// Armed by the I/O-error tests (`REDBFS_FAULT_INJECTION=1`); None otherwise.
     faults: Option<std::sync::Arc<fault::FaultPlan>>,
+    /// The host's filesystem, or (power-cut tests only) a simulated disk.
+    disk: disk::Disk,
     path: PathBuf,
     /// The number of the last commit (persistent: `meta` keeps it, and each log record
     /// carries its own). A commit takes its number while it holds the write lock.
@@ -155,8 +161,18 @@ impl Store {
     /// Opens the store at `path`, creating it (with an empty root directory owned by
     /// `root_owner`) when the file does not exist.
     pub fn open_or_create(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
+        Store::open_on(disk::Disk::Host, path, root_owner)
+    }
+
+    /// `open_or_create` on `disk`: the power-cut tests open stores on a simulated disk.
+    #[doc(hidden)]
+    pub fn open_on(
+        disk: disk::Disk,
+        path: &Path,
+        root_owner: (u32, u32),
+    ) -> Result<Store, StoreError> {
         crate::private::check_store_dir(path).map_err(StoreError::Refused)?;
-        let exists = path.exists();
+        let exists = disk.exists(path);
         let mut builder = Database::builder();
         // Bounds the daemon's memory: the store's hot pages, not the whole file.
         builder.set_cache_size(CACHE_BYTES);
@@ -165,7 +181,12 @@ impl Store {
         builder.set_repair_callback(move |_| flag.store(true, Ordering::Relaxed));
         let faults = (std::env::var("REDBFS_FAULT_INJECTION").as_deref() == Ok("1"))
             .then(|| std::sync::Arc::new(fault::FaultPlan::default()));
-        let db = if let Some(plan) = &faults {
+        let db = if let disk::Disk::Sim(sim) = &disk {
+            let file = sim
+                .open(path, true)
+                .map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+            builder.create_with_backend(sim::SimBackend(file))
+        } else if let Some(plan) = &faults {
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -200,6 +221,7 @@ impl Store {
         let store = Store {
             db,
             faults,
+            disk,
             path: path.to_path_buf(),
             commits: AtomicU64::new(0),
             wal: OnceLock::new(),
@@ -216,10 +238,16 @@ impl Store {
 
     /// Opens an existing store; refuses a missing file.
     pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
-        if !path.exists() {
+        Store::open_existing_on(disk::Disk::Host, path)
+    }
+
+    /// `open_existing` on `disk` (see `open_on`).
+    #[doc(hidden)]
+    pub fn open_existing_on(disk: disk::Disk, path: &Path) -> Result<Store, StoreError> {
+        if !disk.exists(path) {
             return Err(StoreError::Io(format!("{}: no such store", path.display())));
         }
-        Store::open_or_create(path, (0, 0))
+        Store::open_on(disk, path, (0, 0))
     }
 
     pub fn path(&self) -> &Path {
@@ -480,18 +508,17 @@ impl Store {
         let id = r.meta_u64(META_LOG_ID)?.unwrap_or(0);
         drop(r);
         self.commits.store(last, Ordering::Release);
-        match std::fs::symlink_metadata(&path) {
-            Err(_) => return Ok(()),
-            Ok(m) if m.file_type().is_symlink() => {
-                let e = std::io::Error::from_raw_os_error(libc::ELOOP);
-                return Err(StoreError::Refused(crate::private::describe(&path, e)));
-            }
-            Ok(_) => {}
+        if !self.disk.exists(&path) {
+            return Ok(());
+        }
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let e = std::io::Error::from_raw_os_error(libc::ELOOP);
+            return Err(StoreError::Refused(crate::private::describe(&path, e)));
         }
         let todo: Vec<(u64, Vec<u8>)> = if id == 0 {
             Vec::new()
         } else {
-            wal::read(&path, id)?
+            wal::read(&self.disk, &path, id)?
                 .into_iter()
                 .filter(|(seq, _)| *seq > last)
                 .collect()
@@ -524,7 +551,8 @@ impl Store {
             );
         }
         // Every record is in the store now (or belongs to another session): the log is done.
-        std::fs::remove_file(&path)
+        self.disk
+            .remove(&path)
             .map_err(|e| StoreError::Io(format!("removing {}: {e}", path.display())))
     }
 
@@ -539,7 +567,7 @@ impl Store {
         let mut w = self.write()?;
         w.without_history();
         w.commit_checkpoint()?;
-        wal.remove()
+        wal.remove(&self.disk)
     }
 
     /// The number of the last commit, and the bytes of write-ahead log records since the
@@ -554,7 +582,7 @@ impl Store {
 
     /// Bytes the store file occupies on disk.
     pub fn file_bytes(&self) -> u64 {
-        std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
+        self.disk.len(&self.path)
     }
 
     /// Rewrites the file to release free space (the store must not be in use).
@@ -1711,7 +1739,7 @@ impl WriteTxn<'_> {
         } else {
             ROOM_FOR_METADATA
         };
-        let free = disk_available(&self.store.path);
+        let free = self.store.disk.available(&self.store.path);
         self.store.disk_free.store(free, Ordering::Relaxed);
         if free >= need.saturating_add(ROOM_CHECK_ABOVE) {
             return Ok(false);
@@ -1831,7 +1859,13 @@ impl WriteTxn<'_> {
                 let id = fresh_id();
                 meta.insert(META_LOG_ID, id.to_le_bytes().as_slice())
                     .map_err(map_err)?;
-                let started = match wal::Wal::start(&store.path, id, seq, store.faults.clone()) {
+                let started = match wal::Wal::start(
+                    &store.disk,
+                    &store.path,
+                    id,
+                    seq,
+                    store.faults.clone(),
+                ) {
                     Ok(w) => Some(w),
                     // A symlink planted at the log's name: refuse, rather than carry on.
                     Err(e @ StoreError::Refused(_)) => return Err(e),

@@ -26,13 +26,12 @@
 //! a torn tail, stale bytes of an earlier pass, or a log left by another session of the store
 //! (another id) all end the log there.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::StoreError;
+use super::disk::{Disk, LogFile};
 use super::fault::{FaultOn, FaultPlan};
 
 /// Size of the preallocated log file.
@@ -77,12 +76,9 @@ fn io(what: &str, path: &Path, e: std::io::Error) -> StoreError {
 
 /// The records of log `id` in the file at `path`, in order: (sequence number, payload).
 /// A missing file is an empty log.
-pub(super) fn read(path: &Path, id: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-    let mut bytes = Vec::new();
-    match crate::private::open_read(path) {
-        Ok(mut f) => {
-            std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| io("reading", path, e))?
-        }
+pub(super) fn read(disk: &Disk, path: &Path, id: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    let bytes = match disk.read_all(path) {
+        Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("reading", path, e)),
     };
@@ -166,7 +162,7 @@ impl Pending {
 
 /// The open log of a store.
 pub(super) struct Wal {
-    file: File,
+    file: LogFile,
     path: PathBuf,
     faults: Option<Arc<FaultPlan>>,
     pending: Mutex<Pending>,
@@ -186,16 +182,17 @@ impl Wal {
     /// Creates (or reuses) the log file for a fresh log with id `id`, whose first record will
     /// follow `last`. Records of earlier ids in the file no longer verify.
     pub(super) fn start(
+        disk: &Disk,
         store: &Path,
         id: u64,
         last: u64,
         faults: Option<Arc<FaultPlan>>,
     ) -> Result<Wal, StoreError> {
         let path = path_of(store);
-        let existed = std::fs::symlink_metadata(&path).is_ok();
+        let existed = disk.exists(&path);
         // Private from the first byte, and never a symlink planted beside the store.
-        let file = crate::private::open_or_create(&path).map_err(|e| io("creating", &path, e))?;
-        let len = file.metadata().map_err(|e| io("reading", &path, e))?.len();
+        let file = disk.open_log(&path).map_err(|e| io("creating", &path, e))?;
+        let len = file.len().map_err(|e| io("reading", &path, e))?;
         if len < LOG_BYTES {
             // Real zeros, not a sparse or fallocated range: writing into either later makes
             // the filesystem record new blocks, and every fdatasync would wait for that.
@@ -210,8 +207,7 @@ impl Wal {
             } else {
                 dir
             };
-            File::open(dir)
-                .and_then(|d| d.sync_all())
+            disk.sync_dir(dir)
                 .map_err(|e| io("syncing the directory of", &path, e))?;
         }
         Ok(Wal {
@@ -326,17 +322,12 @@ impl Wal {
     /// Removes the log file, only if the file at its path is still the one this session
     /// opened: one moved there since (a restore setting the store aside, a planted file) is
     /// left alone.
-    pub(super) fn remove(&self) -> Result<(), StoreError> {
-        use std::os::unix::fs::MetadataExt;
-        let mine = self
-            .file
-            .metadata()
-            .map_err(|e| io("checking", &self.path, e))?;
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(there) if there.dev() == mine.dev() && there.ino() == mine.ino() => {
-                std::fs::remove_file(&self.path).map_err(|e| io("removing", &self.path, e))
-            }
-            Ok(_) => {
+    pub(super) fn remove(&self, disk: &Disk) -> Result<(), StoreError> {
+        match self.file.is_at(&self.path) {
+            Ok(true) => disk
+                .remove(&self.path)
+                .map_err(|e| io("removing", &self.path, e)),
+            Ok(false) => {
                 tracing::warn!(path = %self.path.display(), "the write-ahead log was replaced by another file; leaving that file alone");
                 Ok(())
             }
@@ -351,7 +342,7 @@ mod tests {
     use super::*;
 
     fn log_in(dir: &tempfile::TempDir, id: u64, last: u64) -> Wal {
-        Wal::start(&dir.path().join("s.redb"), id, last, None).unwrap()
+        Wal::start(&Disk::Host, &dir.path().join("s.redb"), id, last, None).unwrap()
     }
 
     fn append(wal: &Wal, seq: u64, payload: &[u8]) {
@@ -366,13 +357,16 @@ mod tests {
         for seq in 11..=20 {
             append(&wal, seq, &vec![seq as u8; seq as usize * 100]);
         }
-        let got = read(&wal.path, 7).unwrap();
+        let got = read(&Disk::Host, &wal.path, 7).unwrap();
         assert_eq!(got.len(), 10);
         for (i, (seq, payload)) in got.iter().enumerate() {
             assert_eq!(*seq, 11 + i as u64);
             assert_eq!(payload, &vec![*seq as u8; *seq as usize * 100]);
         }
-        assert!(read(&wal.path, 8).unwrap().is_empty(), "another log's id");
+        assert!(
+            read(&Disk::Host, &wal.path, 8).unwrap().is_empty(),
+            "another log's id"
+        );
         assert_eq!(std::fs::metadata(&wal.path).unwrap().len(), LOG_BYTES);
     }
 
@@ -386,12 +380,12 @@ mod tests {
         wal.pending().unwrap().checkpointed(6);
         // Shorter records over the start of the old pass: the scan meets old bytes mid-record.
         append(&wal, 7, &[2u8; 10]);
-        let got = read(&wal.path, 7).unwrap();
+        let got = read(&Disk::Host, &wal.path, 7).unwrap();
         assert_eq!(got, vec![(7, vec![2u8; 10])]);
         // Ending where an old record begins (34 + 24 + 590 = 2 * 324): the scan meets a
         // record of the same log whose number does not follow.
         append(&wal, 8, &[3u8; 590]);
-        let got = read(&wal.path, 7).unwrap();
+        let got = read(&Disk::Host, &wal.path, 7).unwrap();
         assert_eq!(got.iter().map(|r| r.0).collect::<Vec<_>>(), vec![7, 8]);
     }
 
@@ -399,7 +393,14 @@ mod tests {
     fn a_record_that_does_not_fit_is_refused_and_a_failed_sync_poisons() {
         let dir = tempfile::tempdir().unwrap();
         let plan = Arc::new(FaultPlan::default());
-        let wal = Wal::start(&dir.path().join("s.redb"), 1, 0, Some(plan.clone())).unwrap();
+        let wal = Wal::start(
+            &Disk::Host,
+            &dir.path().join("s.redb"),
+            1,
+            0,
+            Some(plan.clone()),
+        )
+        .unwrap();
         assert!(!wal.pending().unwrap().fits(MAX_RECORD + 1));
         assert!(wal.pending().unwrap().fits(MAX_RECORD));
         wal.pending().unwrap().push(1, b"one");
