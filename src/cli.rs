@@ -389,13 +389,38 @@ fn run(cli: Cli) -> Result<i32, String> {
                 p.push(".log");
                 PathBuf::from(p)
             });
+            let mut created = mount::Created::default();
             if daemon {
                 let log = match (&log_file, notify_fd) {
                     (Some(p), _) => Some(p.clone()),
-                    (None, Some(_)) => Some(background_log),
+                    (None, Some(_)) => Some(background_log.clone()),
                     (None, None) => None,
                 };
-                init_logging(verbose, log.as_deref())?;
+                // Until the mount answers, a failure is reported on the notify descriptor and
+                // what this attempt created (the log, the store's directory) is removed.
+                let started = (|| -> Result<(), String> {
+                    if log_file.is_none()
+                        && let Some(p) = log.as_deref()
+                    {
+                        // The log goes beside the store, whose directory the mount creates.
+                        let dir = crate::private::parent_dir(p);
+                        created
+                            .create_dir_all(&dir)
+                            .map_err(|e| format!("{}: {e}", dir.display()))?;
+                    }
+                    let new_log = log
+                        .as_deref()
+                        .filter(|p| std::fs::symlink_metadata(p).is_err());
+                    init_logging(verbose, log.as_deref())?;
+                    if let Some(p) = new_log {
+                        created.record(p);
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = started {
+                    mount::startup_failed(notify_fd, &e, &mut created);
+                    return Err(e);
+                }
             } else {
                 // The daemon started below logs there: refuse here, where the reason can be
                 // printed, what it would refuse (a symlink at the log's name).
@@ -434,6 +459,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 argv,
                 notify_fd,
                 keep_history,
+                created,
             };
             mount::mount(req)?;
             Ok(0)

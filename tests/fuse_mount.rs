@@ -405,3 +405,132 @@ fn foreground_daemon_unmounts_on_sigterm() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `redbfs ARGS...` in a mount namespace of its own where `/dev/fuse` is `/dev/null`: opening
+/// the device works, mount(2) refuses it.
+fn redbfs_without_fuse(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /dev/fuse && exec "$0" "$@""#)
+        .arg(common::redbfs_bin())
+        .args(args)
+        .output()
+        .expect("run unshare (util-linux)")
+}
+
+/// Issue 12, item 5: a mount refused for a mountpoint holding files left the daemon's log
+/// beside the store; one that failed at mount(2) left a 4 MiB write-ahead log, a socket and a
+/// new store. A refused or failed mount now leaves nothing it created, and an existing store
+/// keeps its content.
+#[test]
+fn a_refused_or_failed_mount_leaves_nothing_behind() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), "1").unwrap();
+    let out = redbfs(&["mount", full.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(names_in(dir.path()), ["full"], "refused for files");
+
+    // mount(2) fails after the store, its log, the socket and the mountpoint were made.
+    let mp = dir.path().join("new/mnt");
+    let store = dir.path().join("new/store.redb");
+    let out = redbfs_without_fuse(&[
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("mount "), "says why: {err}");
+    assert_eq!(names_in(dir.path()), ["full"], "mount(2) failed: {err}");
+
+    // An existing store stays, with its content; nothing is left beside it.
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("kept.md"), "kept").unwrap();
+    let store = dir.path().join("old.redb");
+    let out = redbfs(&["import", src.to_str().unwrap(), store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&src).unwrap();
+    let out = redbfs_without_fuse(&[
+        "mount",
+        dir.path().join("mnt").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(names_in(dir.path()), ["full", "old.redb"]);
+    let out = redbfs(&["cat", store.to_str().unwrap(), "/kept.md"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept");
+}
+
+/// Issue 12, item 6: `redbfs mount x/m --store x/s.redb` with no `x` said only "the daemon
+/// exited before mounting (see its log)", and no log could exist: the daemon died opening its
+/// log beside a store whose directory it had not made yet. The directory is made now, and
+/// every reason a daemon gives up before the mount answers reaches the terminal in one line.
+#[test]
+fn startup_errors_reach_the_terminal() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("x/m");
+    let out = redbfs(&[
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        dir.path().join("x/s.redb").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(mp.join("a"), "1").unwrap();
+    let out = redbfs(&["unmount", mp.to_str().unwrap()]);
+    assert!(out.status.success());
+
+    // A log the daemon cannot open: the reason, in one line.
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let out = redbfs(&[
+        "mount",
+        dir.path().join("m2").to_str().unwrap(),
+        "--log-file",
+        file.join("log").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("log file") && err.contains("Not a directory"),
+        "{err}"
+    );
+    assert!(!dir.path().join("m2.redb").exists());
+
+    // Refused at mount(2): the reason, in one line.
+    let out = redbfs_without_fuse(&["mount", dir.path().join("m3").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("Invalid argument"), "{err}");
+}
