@@ -682,6 +682,35 @@ fn process_alive(pid: u64) -> bool {
     })
 }
 
+/// Refuses at once, as umount(8) does, to unmount a mount that this command's working
+/// directory, or its parent's (the shell that ran it), is inside: the kernel would keep the
+/// mount busy until that process left it, and the daemon with it.
+fn refuse_if_inside(mp: &Path) -> Result<(), String> {
+    let Ok(mount) = std::fs::metadata(mp) else {
+        return Ok(());
+    };
+    let parent = nix::unistd::getppid();
+    for (proc_dir, who) in [
+        ("self".to_string(), "this command's working directory"),
+        (
+            parent.to_string(),
+            "the working directory of the shell that ran it",
+        ),
+    ] {
+        let inside = std::fs::metadata(format!("/proc/{proc_dir}/cwd"))
+            .is_ok_and(|cwd| cwd.dev() == mount.dev());
+        if inside {
+            return Err(format!(
+                "{}: target is busy: {who} is inside the mount; `cd` out of it, then run \
+                 `redbfs unmount {}` again",
+                mp.display(),
+                mp.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
 pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     let mp = absolute(mountpoint)?;
@@ -692,6 +721,7 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
         }
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
+    refuse_if_inside(&mp)?;
     match control::Client::connect(&store) {
         Ok(mut c) => {
             let pid = c
