@@ -340,18 +340,28 @@ pub fn restore(
     discard_current: bool,
 ) -> Result<Option<PathBuf>> {
     crate::private::check_store_dir(store)?;
-    verify(snapshot_path)?;
     let dir = parent_dir(store);
     let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
+    // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
+    // check may write to the file it checks) and then put in place.
     let copied = (|| -> Result<()> {
         let mut to =
             crate::private::create_new(&tmp).map_err(|e| crate::private::describe(&tmp, e))?;
-        let mut from = std::fs::File::open(snapshot_path)
+        let mut from = crate::private::open_read(snapshot_path)
             .map_err(|e| format!("{}: {e}", snapshot_path.display()))?;
         std::io::copy(&mut from, &mut to)
             .map_err(|e| format!("copying {}: {e}", snapshot_path.display()))?;
-        to.sync_all().map_err(err)
+        to.sync_all().map_err(err)?;
+        verify(&tmp).map_err(|e| {
+            e.replace(
+                &tmp.display().to_string(),
+                &snapshot_path.display().to_string(),
+            )
+        })?;
+        crate::private::open_read(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(err)
     })();
     if let Err(e) = copied {
         let _ = std::fs::remove_file(&tmp);
@@ -897,7 +907,13 @@ pub fn export_dir(
             dest.display()
         ));
     }
-    let entries = tree(r, path)?;
+    let entries = match tree(r, path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            remove_made(&root, &[], dest, created);
+            return Err(e);
+        }
+    };
     let base = entries[0].1.path.clone();
     let target = |e: &EntryInfo| dest.join(e.path[base.len()..].trim_start_matches('/'));
     let refused = |e: &EntryInfo, x: nix::Error| match x {
@@ -908,56 +924,94 @@ pub fn export_dir(
         ),
         x => format!("{}: {x}", target(e).display()),
     };
-    let mut report = ExportReport::default();
-    // The directories from `dest` down to the one being written, each open; a directory gets
-    // its mode and times once its last entry is written, so they do not move its mtime.
-    let mut open: Vec<OpenDir> = Vec::new();
-    let top_is_dir = entries[0].1.kind == "dir";
-    open.push((root, top_is_dir.then_some(&entries[0].1), created));
-    let close = |(fd, e, mode): OpenDir| match e {
-        Some(e) => finish_entry(&fd, e, opts, mode),
-        None => Ok(()),
-    };
-    for (depth, e) in entries.iter().skip(usize::from(top_is_dir)) {
-        // A file exported on its own goes into `dest`, as if at depth 1.
-        while open.len() > (*depth).max(1) {
-            close(open.pop().expect("not empty"))?;
-        }
-        let parent = &open.last().expect("dest stays open").0;
-        if e.kind == "dir" {
-            mkdirat(parent, e.name.as_str(), Mode::from_bits_truncate(0o700))
+    // What the export made directly in `dest`: removed again if it fails.
+    let mut tops: Vec<String> = Vec::new();
+    let keep = root
+        .try_clone()
+        .map_err(|x| format!("{}: {x}", dest.display()))?;
+    let written = (|| -> Result<ExportReport> {
+        let mut report = ExportReport::default();
+        // The directories from `dest` down to the one being written, each open; a directory gets
+        // its mode and times once its last entry is written, so they do not move its mtime.
+        let mut open: Vec<OpenDir> = Vec::new();
+        let top_is_dir = entries[0].1.kind == "dir";
+        open.push((root, top_is_dir.then_some(&entries[0].1), created));
+        let close = |(fd, e, mode): OpenDir| match e {
+            Some(e) => finish_entry(&fd, e, opts, mode),
+            None => Ok(()),
+        };
+        for (depth, e) in entries.iter().skip(usize::from(top_is_dir)) {
+            // A file exported on its own goes into `dest`, as if at depth 1.
+            while open.len() > (*depth).max(1) {
+                close(open.pop().expect("not empty"))?;
+            }
+            let parent = &open.last().expect("dest stays open").0;
+            if open.len() == 1 {
+                tops.push(e.name.clone());
+            }
+            if e.kind == "dir" {
+                mkdirat(parent, e.name.as_str(), Mode::from_bits_truncate(0o700))
+                    .map_err(|x| refused(e, x))?;
+                let fd = openat(parent, e.name.as_str(), DIR_FLAGS, Mode::empty())
+                    .map_err(|x| refused(e, x))?;
+                open.push((fd, Some(e), true));
+                report.dirs += 1;
+            } else {
+                let fd = openat(
+                    parent,
+                    e.name.as_str(),
+                    OFlag::O_WRONLY
+                        | OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o600),
+                )
                 .map_err(|x| refused(e, x))?;
-            let fd = openat(parent, e.name.as_str(), DIR_FLAGS, Mode::empty())
-                .map_err(|x| refused(e, x))?;
-            open.push((fd, Some(e), true));
-            report.dirs += 1;
-        } else {
-            let fd = openat(
-                parent,
-                e.name.as_str(),
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(0o600),
-            )
-            .map_err(|x| refused(e, x))?;
-            let (inode, _) = lookup_path(r, &e.path)?;
-            let data = read_content(r, &inode)?;
-            let mut f = std::fs::File::from(fd);
-            f.write_all(&data)
-                .map_err(|x| format!("{}: {x}", target(e).display()))?;
-            finish_entry(&OwnedFd::from(f), e, opts, true)?;
-            report.files += 1;
-            report.bytes += data.len() as u64;
+                let (inode, _) = lookup_path(r, &e.path)?;
+                let data = read_content(r, &inode)?;
+                let mut f = std::fs::File::from(fd);
+                f.write_all(&data)
+                    .map_err(|x| format!("{}: {x}", target(e).display()))?;
+                finish_entry(&OwnedFd::from(f), e, opts, true)?;
+                report.files += 1;
+                report.bytes += data.len() as u64;
+            }
+            progress(report.files + report.dirs);
         }
-        progress(report.files + report.dirs);
+        while let Some(d) = open.pop() {
+            close(d)?;
+        }
+        Ok(report)
+    })();
+    if written.is_err() {
+        remove_made(&keep, &tops, dest, created);
     }
-    while let Some(d) = open.pop() {
-        close(d)?;
+    written
+}
+
+/// Removes what a failed export made: `names` directly in the directory open at `dir`
+/// (reached through that descriptor, never through a path another user could swap), then
+/// `dest` itself when the export created it and it is still that directory.
+fn remove_made(dir: &OwnedFd, names: &[String], dest: &Path, created: bool) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let base = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    for n in names {
+        let p = base.join(n);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => drop(std::fs::remove_dir_all(&p)),
+            Ok(_) => drop(std::fs::remove_file(&p)),
+            Err(_) => {}
+        }
     }
-    Ok(report)
+    if created
+        && let (Ok(st), Ok(m)) = (fstat(dir), std::fs::symlink_metadata(dest))
+        && m.dev() == st.st_dev
+        && m.ino() == st.st_ino
+    {
+        let _ = std::fs::remove_dir(dest);
+    }
 }
 
 /// `export --tar`: the tree under `path` as a POSIX (pax) tar stream with modes and mtimes.
