@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::control;
 use crate::fs::{LostUpdates, NameRules};
 use crate::mount::{self, LimitOverrides, MountRequest};
-use crate::store::Store;
+use crate::store::{ReadOnlyStore, Store};
 use crate::tools;
 use std::io::Write;
 
@@ -395,13 +395,38 @@ fn run(cli: Cli) -> Result<i32, String> {
                 p.push(".log");
                 PathBuf::from(p)
             });
+            let mut created = mount::Created::default();
             if daemon {
                 let log = match (&log_file, notify_fd) {
                     (Some(p), _) => Some(p.clone()),
-                    (None, Some(_)) => Some(background_log),
+                    (None, Some(_)) => Some(background_log.clone()),
                     (None, None) => None,
                 };
-                init_logging(verbose, log.as_deref())?;
+                // Until the mount answers, a failure is reported on the notify descriptor and
+                // what this attempt created (the log, the store's directory) is removed.
+                let started = (|| -> Result<(), String> {
+                    if log_file.is_none()
+                        && let Some(p) = log.as_deref()
+                    {
+                        // The log goes beside the store, whose directory the mount creates.
+                        let dir = crate::private::parent_dir(p);
+                        created
+                            .create_dir_all(&dir)
+                            .map_err(|e| format!("{}: {e}", dir.display()))?;
+                    }
+                    let new_log = log
+                        .as_deref()
+                        .filter(|p| std::fs::symlink_metadata(p).is_err());
+                    init_logging(verbose, log.as_deref())?;
+                    if let Some(p) = new_log {
+                        created.record(p);
+                    }
+                    Ok(())
+                })();
+                if let Err(e) = started {
+                    mount::startup_failed(notify_fd, &e, &mut created);
+                    return Err(e);
+                }
             } else {
                 // The daemon started below logs there: refuse here, where the reason can be
                 // printed, what it would refuse (a symlink at the log's name).
@@ -441,6 +466,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                 argv,
                 notify_fd,
                 keep_history,
+                created,
             };
             mount::mount(req)?;
             Ok(0)
@@ -458,7 +484,7 @@ fn run(cli: Cli) -> Result<i32, String> {
                     .map_err(|e| format!("{}: the daemon does not answer: {e}", store.display()))?
                     .call(&json!({"op": "status"}))?
             } else {
-                let s = Store::open_existing(&store).map_err(|e| e.to_string())?;
+                let s = ReadOnlyStore::open(&store).map_err(|e| e.to_string())?;
                 let u = s
                     .read()
                     .and_then(|r| r.usage())
@@ -508,7 +534,8 @@ fn run(cli: Cli) -> Result<i32, String> {
             }
             let mut findings = Vec::new();
             if t.mountpoint.is_none() {
-                let mut s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                // On a private copy: redb's check may repair what it checks.
+                let mut s = ReadOnlyStore::open(&t.store).map_err(|e| e.to_string())?;
                 match s.check_integrity() {
                     Ok(true) => {}
                     Ok(false) => {
@@ -564,7 +591,7 @@ fn run(cli: Cli) -> Result<i32, String> {
             } else if t.mountpoint.is_some() {
                 t.ask(json!({"op": "snapshot", "out": dest}))?["snapshot"].clone()
             } else {
-                let s = Store::open_existing(&t.store).map_err(|e| e.to_string())?;
+                let s = ReadOnlyStore::open(&t.store).map_err(|e| e.to_string())?;
                 let r = s.read().map_err(|e| e.to_string())?;
                 {
                     let mut progress = Progress::new("snapshot");
@@ -643,14 +670,22 @@ fn run(cli: Cli) -> Result<i32, String> {
                     &mut std::io::BufWriter::new(std::io::stdout().lock()),
                 ),
                 (None, Some(f)) => {
+                    refuse_overwriting_a_store(f, &t.store)?;
                     let file = crate::private::create_output(f, force)?;
+                    let made = file.metadata().map_err(|e| e.to_string())?;
                     let mut w = std::io::BufWriter::new(file);
-                    let rep = tools::export_tar(r, &path, &mut w)?;
-                    w.into_inner()
-                        .map_err(|e| e.to_string())?
-                        .sync_all()
-                        .map_err(|e| e.to_string())?;
-                    Ok(rep)
+                    let written = tools::export_tar(r, &path, &mut w).and_then(|rep| {
+                        w.into_inner()
+                            .map_err(|e| e.to_string())?
+                            .sync_all()
+                            .map_err(|e| e.to_string())?;
+                        Ok(rep)
+                    });
+                    if written.is_err() {
+                        // Nothing is left of a failed export: the file it made goes.
+                        remove_if_same(f, &made);
+                    }
+                    written
                 }
                 _ => Err("give either DIR or --tar FILE".to_string()),
             })?;
@@ -683,13 +718,20 @@ fn run(cli: Cli) -> Result<i32, String> {
                             nix::unistd::getuid().as_raw(),
                             nix::unistd::getgid().as_raw(),
                         );
+                        let existed = std::fs::symlink_metadata(&abs).is_ok();
                         let s = Store::open_or_create(&abs, owner).map_err(|e| e.to_string())?;
+                        let made = std::fs::symlink_metadata(&abs).map_err(|e| e.to_string())?;
                         let limits = crate::fs::Limits::stored(&s);
                         let mut progress = Progress::new("import");
                         let report = tools::import(&s, &limits, &dir, &into, strict, &mut |n| {
                             progress.update(n)
                         });
                         progress.finish();
+                        if report.is_err() && !existed {
+                            // A store this import made, and failed to fill, does not stay.
+                            drop(s);
+                            remove_if_same(&abs, &made);
+                        }
                         serde_json::to_value(report?).map_err(|e| e.to_string())?
                     }
                 };
@@ -972,6 +1014,47 @@ fn run(cli: Cli) -> Result<i32, String> {
     }
 }
 
+/// Refuses an output file that is a store, a write-ahead log, or a file kept beside the store
+/// being read (its log, its socket), whatever `--force` says: same device and inode, or a
+/// store's magic number.
+fn refuse_overwriting_a_store(out: &Path, store: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(out) else {
+        return Ok(());
+    };
+    let beside = |suffix: &str| {
+        let mut p = store.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let kept = [
+        store.to_path_buf(),
+        crate::store::wal::path_of(store),
+        beside(".log"),
+        beside(".sock"),
+    ];
+    let same = kept
+        .iter()
+        .any(|k| std::fs::metadata(k).is_ok_and(|k| k.dev() == m.dev() && k.ino() == m.ino()));
+    if same || crate::store::is_store_file(out) {
+        return Err(format!(
+            "{}: is a store or a file redbfs keeps beside one; export never writes over it \
+             (give another name)",
+            out.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Removes `path` if it is still the file described by `made`.
+fn remove_if_same(path: &Path, made: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == made.dev() && m.ino() == made.ino())
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// A store named on the command line, and where it is mounted if it is.
 struct Target {
     store: PathBuf,
@@ -1018,7 +1101,7 @@ impl Target {
                 .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
                 .call(&req);
         }
-        let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
+        let s = ReadOnlyStore::open(&self.store).map_err(|e| e.to_string())?;
         let r = s.read().map_err(|e| e.to_string())?;
         tools::query(&r, s.file_bytes(), &req)
     }
@@ -1045,7 +1128,7 @@ impl Target {
         f: impl FnOnce(&crate::store::ReadTxn) -> Result<T, String>,
     ) -> Result<T, String> {
         if self.mountpoint.is_none() {
-            let s = Store::open_existing(&self.store).map_err(|e| e.to_string())?;
+            let s = ReadOnlyStore::open(&self.store).map_err(|e| e.to_string())?;
             let r = s.read().map_err(|e| e.to_string())?;
             return f(&r);
         }
@@ -1056,7 +1139,7 @@ impl Target {
             .map_err(|e| e.to_string())?;
         let snap = dir.path().join("snapshot.redb");
         self.ask(json!({"op": "snapshot", "out": snap}))?;
-        let s = Store::open_existing(&snap).map_err(|e| e.to_string())?;
+        let s = ReadOnlyStore::open(&snap).map_err(|e| e.to_string())?;
         let r = s.read().map_err(|e| e.to_string())?;
         f(&r)
     }

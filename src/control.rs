@@ -6,11 +6,15 @@
 //! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}`, and the read-only queries of
 //! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
+//!
+//! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
+//! lines of at most `MAX_LINE` bytes in UTF-8, and `IDLE` seconds without a request.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -172,26 +176,59 @@ impl Daemon {
         }
     }
 
+    /// Serves one connection: a request per line, no longer than `MAX_LINE`; a connection
+    /// idle for `IDLE` (or a client that stops reading its answers) is closed.
     fn serve_conn(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(IDLE));
+        let _ = stream.set_write_timeout(Some(IDLE));
         let mut out = match stream.try_clone() {
             Ok(s) => s,
             Err(_) => return,
         };
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { return };
-            let resp = match serde_json::from_str::<Value>(&line) {
+        let mut reader = BufReader::new(stream);
+        loop {
+            let mut line = Vec::new();
+            match (&mut reader)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut line)
+            {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let complete = line.last() == Some(&b'\n');
+            if complete {
+                line.pop();
+            } else if line.len() > MAX_LINE {
+                crate::warn_limited!("control: request over {MAX_LINE} bytes; connection closed");
+                let e = json!({"ok": false, "error": format!("request longer than {MAX_LINE} bytes; connection closed")});
+                let _ = writeln!(out, "{e}");
+                return;
+            }
+            let resp = match std::str::from_utf8(&line)
+                .map_err(|e| format!("request is not UTF-8: {e}"))
+                .and_then(|text| {
+                    serde_json::from_str::<Value>(text)
+                        .map_err(|e| format!("request is not JSON: {e}"))
+                }) {
                 Ok(req) => self.handle(&req),
                 Err(e) => {
-                    tracing::warn!(error = %e, "control: request is not JSON");
-                    json!({"ok": false, "error": format!("request is not JSON: {e}")})
+                    crate::warn_limited!(error = %e, "control: bad request");
+                    json!({"ok": false, "error": e})
                 }
             };
-            if writeln!(out, "{resp}").is_err() {
+            if writeln!(out, "{resp}").is_err() || !complete {
                 return;
             }
         }
     }
 }
+
+/// The longest request line the daemon reads (a request names paths; 1 MiB is far beyond one).
+pub const MAX_LINE: usize = 1024 * 1024;
+/// Control connections served at once; one more is answered with an error and closed.
+pub const MAX_CONNECTIONS: usize = 16;
+/// A connection that sends no request for this long is closed.
+pub const IDLE: Duration = Duration::from_secs(30);
 
 fn reply(answer: Result<Value, String>) -> Value {
     match answer {
@@ -224,12 +261,28 @@ pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
+            let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
+                let Ok(mut conn) = conn else { continue };
+                if live.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                    live.fetch_sub(1, Ordering::AcqRel);
+                    crate::warn_limited!("control: {MAX_CONNECTIONS} connections already open; one refused");
+                    let _ = conn.set_write_timeout(Some(Duration::from_millis(100)));
+                    let e = json!({"ok": false, "error": format!("the daemon already serves {MAX_CONNECTIONS} control connections; try again")});
+                    let _ = writeln!(conn, "{e}");
+                    continue;
+                }
                 let d = daemon.clone();
-                let _ = std::thread::Builder::new()
+                let count = live.clone();
+                let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || d.serve_conn(conn));
+                    .spawn(move || {
+                        d.serve_conn(conn);
+                        count.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    live.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         })?;
     Ok(path)

@@ -72,9 +72,9 @@ impl FuseFs {
         if e.is_expected() {
             tracing::debug!(op, path, errno, "{e}");
         } else if matches!(e, Error::Store(_) | Error::Poisoned) {
-            tracing::error!(op, path, errno, "{e}");
+            crate::error_limited!(key: crate::ratelimit::key_of(e); op, path, errno, "{e}");
         } else {
-            tracing::warn!(op, path, errno, "refused: {e}");
+            crate::warn_limited!(key: crate::ratelimit::key_of(e); op, path, errno, "refused: {e}");
         }
         Errno::from_i32(errno)
     }

@@ -2,7 +2,8 @@
 //! memory. Layers, top to bottom: `cli` (arguments, human output), `mount` (daemon
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
-//! `private` creates every file redbfs keeps on the host, private and never through a symlink.
+//! `private` creates every file redbfs keeps on the host, private and never through a symlink;
+//! `ratelimit` keeps repeated log lines to one per interval.
 
 pub mod check;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod fs;
 pub mod fuse;
 pub mod mount;
 pub mod private;
+pub mod ratelimit;
 pub mod store;
 pub mod tar;
 pub mod tools;

@@ -8,10 +8,12 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
@@ -37,6 +39,70 @@ pub struct MountRequest {
     pub notify_fd: Option<i32>,
     /// History retention in ns (0 = off); `None` keeps what the store recorded.
     pub keep_history: Option<u64>,
+    /// What this attempt has created so far (the daemon's log, directories): removed again if
+    /// it fails before the mount answers.
+    pub created: Created,
+}
+
+/// Files and directories a mount attempt created on the host, each with its identity (device
+/// and inode), so that an attempt that fails before the mount answers removes exactly those,
+/// newest first, and never something that took their place (a directory only when empty).
+#[derive(Clone, Debug, Default)]
+pub struct Created {
+    items: Vec<(PathBuf, u64, u64, bool)>,
+}
+
+impl Created {
+    /// Records what is at `path` now, which this attempt has just created.
+    pub fn record(&mut self, path: &Path) {
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            self.items
+                .push((path.to_path_buf(), m.dev(), m.ino(), m.is_dir()));
+        }
+    }
+
+    /// `create_dir_all`, recording each directory it creates.
+    pub fn create_dir_all(&mut self, path: &Path) -> std::io::Result<()> {
+        let mut missing = Vec::new();
+        let mut p = path;
+        loop {
+            match std::fs::symlink_metadata(p) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    missing.push(p.to_path_buf());
+                    match p.parent() {
+                        Some(q) if !q.as_os_str().is_empty() => p = q,
+                        _ => break,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for d in missing.iter().rev() {
+            match std::fs::create_dir(d) {
+                Ok(()) => self.record(d),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes what was recorded, newest first, each only if it is still the same file.
+    pub fn remove_all(&mut self) {
+        for (path, dev, ino, dir) in self.items.drain(..).rev() {
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if m.dev() == dev && m.ino() == ino => {
+                    let _ = if dir {
+                        std::fs::remove_dir(&path)
+                    } else {
+                        std::fs::remove_file(&path)
+                    };
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// History retention of a new store: 30 days.
@@ -229,7 +295,7 @@ pub fn kernel_unmount(mountpoint: &Path) -> Result<(), String> {
 }
 
 /// Prepares the mountpoint: clears a stale mount, refuses a live one or one holding files.
-fn prepare_mountpoint(mp: &Path) -> Result<(), String> {
+fn prepare_mountpoint(mp: &Path, created: &mut Created) -> Result<(), String> {
     if is_stale(mp) {
         clear_stale(mp)?;
         tracing::warn!(mountpoint = %mp.display(), "cleared a stale mount left by a daemon that died");
@@ -238,7 +304,8 @@ fn prepare_mountpoint(mp: &Path) -> Result<(), String> {
         Ok(m) if !m.is_dir() => return Err(format!("{}: not a directory", mp.display())),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(mp)
+            created
+                .create_dir_all(mp)
                 .map_err(|e| format!("{}: cannot create: {e}", mp.display()))?;
         }
         Err(e) => return Err(format!("{}: {e}", mp.display())),
@@ -266,10 +333,17 @@ fn prepare_mountpoint(mp: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn open_store(store_path: &Path, overrides: &LimitOverrides) -> Result<(Store, Limits), String> {
+fn open_store(
+    store_path: &Path,
+    overrides: &LimitOverrides,
+    created: &mut Created,
+) -> Result<(Store, Limits), String> {
     if let Some(parent) = store_path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        created
+            .create_dir_all(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
     }
+    let existed = std::fs::symlink_metadata(store_path).is_ok();
     let owner = (
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
@@ -288,6 +362,9 @@ fn open_store(store_path: &Path, overrides: &LimitOverrides) -> Result<(Store, L
         },
         other => other.to_string(),
     })?;
+    if !existed {
+        created.record(store_path);
+    }
     let stored = Limits::stored(&store);
     let limits = overrides.apply(stored.clone());
     if limits != stored
@@ -308,15 +385,25 @@ fn open_store(store_path: &Path, overrides: &LimitOverrides) -> Result<(Store, L
     Ok((store, limits))
 }
 
-/// Mounts with mount(2) as `fuse.redbfs`, returning the `/dev/fuse` descriptor; `None` when
-/// this process may not mount (not root), so fusermount3 must.
-fn kernel_mount(mp: &Path, source: &str, allow_other: bool) -> Result<Option<OwnedFd>, String> {
-    let fd = nix::fcntl::open(
+/// Opens `/dev/fuse`, before the store is opened, so that a missing device leaves the store
+/// untouched.
+fn open_fuse_device() -> Result<OwnedFd, String> {
+    nix::fcntl::open(
         "/dev/fuse",
         nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| format!("/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"))?;
+    .map_err(|e| format!("/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"))
+}
+
+/// Mounts with mount(2) as `fuse.redbfs` on the `/dev/fuse` descriptor `fd`, returning it;
+/// `None` when this process may not mount (not root), so fusermount3 must.
+fn kernel_mount(
+    mp: &Path,
+    source: &str,
+    allow_other: bool,
+    fd: OwnedFd,
+) -> Result<Option<OwnedFd>, String> {
     let mut opts = format!(
         "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
         fd.as_raw_fd(),
@@ -382,11 +469,13 @@ fn spawn_daemon(req: &MountRequest) -> Result<(), String> {
     let _ = File::from(rd).read_to_string(&mut msg);
     let msg = msg.trim();
     if msg != "ready" {
-        let _ = child.wait();
-        return Err(if msg.is_empty() {
-            "the daemon exited before mounting (see its log)".to_string()
-        } else {
-            msg.to_string()
+        let status = child.wait();
+        return Err(match (msg.is_empty(), status) {
+            (false, _) => msg.to_string(),
+            // Every failure the daemon can name it writes here; this is one it could not (a
+            // signal, an abort).
+            (true, Ok(st)) => format!("the daemon ended before mounting ({st})"),
+            (true, Err(e)) => format!("the daemon ended before mounting ({e})"),
         });
     }
     // Exit only once the mount answers.
@@ -402,28 +491,77 @@ fn spawn_daemon(req: &MountRequest) -> Result<(), String> {
     ))
 }
 
-fn notify(fd: Option<i32>, msg: &str) {
-    if let Some(fd) = fd {
-        // SAFETY: the fd was handed to us by the parent for exactly this message.
+/// The descriptor on which the daemon reports `ready` or why it could not mount (-1 once used):
+/// one message per attempt.
+static NOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The message of a panic in the daemon before it mounted, for the `redbfs mount` that waits.
+static PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+fn notify(msg: &str) {
+    let fd = NOTIFY_FD.swap(-1, Ordering::AcqRel);
+    if fd >= 0 {
+        // SAFETY: the fd was handed to us by the parent for exactly this message, and the swap
+        // above makes this the only owner.
         let mut f = unsafe { File::from_raw_fd(fd) };
-        let _ = writeln!(f, "{msg}");
+        // One line: the parent prints it as it is.
+        let _ = writeln!(f, "{}", msg.replace('\n', " "));
     }
 }
 
-fn run_daemon(req: MountRequest) -> Result<(), String> {
-    let res = run_daemon_inner(&req);
+/// A daemon that fails before the mount answers: removes what this attempt created, then
+/// tells the `redbfs mount` that started it why, in one line.
+pub fn startup_failed(notify_fd: Option<i32>, msg: &str, created: &mut Created) {
+    if let Some(fd) = notify_fd {
+        let _ = NOTIFY_FD.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire);
+    }
+    created.remove_all();
+    notify(msg);
+}
+
+fn run_daemon(mut req: MountRequest) -> Result<(), String> {
+    if let Some(fd) = req.notify_fd {
+        NOTIFY_FD.store(fd, Ordering::Release);
+    }
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        *PANIC.lock().unwrap_or_else(|p| p.into_inner()) = Some(info.to_string());
+        previous(info);
+    }));
+    let mut created = std::mem::take(&mut req.created);
+    let ready = Arc::new(AtomicBool::new(false));
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_daemon_inner(&req, &mut created, &ready)
+    }))
+    .unwrap_or_else(|_| {
+        let what = PANIC.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Err(format!(
+            "the daemon failed: {}",
+            what.unwrap_or_else(|| "panic".into())
+        ))
+    });
     if let Err(e) = &res {
         tracing::error!("{e}");
-        notify(req.notify_fd, e);
+        if !ready.load(Ordering::Acquire) {
+            startup_failed(None, e, &mut created);
+        }
     }
     res
 }
 
-fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
+fn run_daemon_inner(
+    req: &MountRequest,
+    created: &mut Created,
+    ready: &Arc<AtomicBool>,
+) -> Result<(), String> {
     let mp = absolute(&req.mountpoint)?;
     let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
-    prepare_mountpoint(&mp)?;
-    let (store, limits) = open_store(&store_path, &req.limits)?;
+    prepare_mountpoint(&mp, created)?;
+    let fuse_device = open_fuse_device()?;
+    let (store, limits) = open_store(&store_path, &req.limits, created)?;
+    // The session's write-ahead log (the first commit made it): closing the store removes it,
+    // and so does a failed attempt.
+    created.record(&crate::store::wal::path_of(&store_path));
     let recorded = store
         .read()
         .and_then(|r| r.meta_u64("keep_history"))
@@ -456,6 +594,14 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
         Box::new(move || kernel_unmount(&unmount_mp)),
     ));
     let socket = control::listen(daemon.clone()).map_err(|e| format!("control socket: {e}"))?;
+    created.record(&socket);
+    // From here the control thread holds the filesystem: a failure gives it back, so the store
+    // closes (and its write-ahead log goes) before what this attempt created is removed.
+    let give_back = |e: String| {
+        let _ = std::fs::remove_file(&socket);
+        drop(daemon.take_fs());
+        e
+    };
 
     let signal_mp = mp.clone();
     std::thread::Builder::new()
@@ -468,25 +614,38 @@ fn run_daemon_inner(req: &MountRequest) -> Result<(), String> {
                 }
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| give_back(e.to_string()))?;
 
     let source = format!("redbfs:{}", store_path.display());
-    let notify_fd = req.notify_fd;
+    let ready_flag = ready.clone();
     let on_ready = move || {
         tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
-        notify(notify_fd, "ready");
+        ready_flag.store(true, Ordering::Release);
+        notify("ready");
     };
-    let served = match kernel_mount(&req.mountpoint_abs()?, &source, req.allow_other)? {
-        Some(fd) => crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready),
-        None => crate::fuse::mount_and_serve(
+    let mp_abs = req.mountpoint_abs()?;
+    let served = match kernel_mount(&mp_abs, &source, req.allow_other, fuse_device) {
+        Ok(Some(fd)) => {
+            crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready)
+        }
+        Ok(None) => crate::fuse::mount_and_serve(
             fs.clone(),
-            &req.mountpoint_abs()?,
+            &mp_abs,
             &source,
             req.allow_other,
             req.threads,
             on_ready,
         ),
+        Err(e) => {
+            let e = give_back(e);
+            close_store(fs);
+            return Err(e);
+        }
     };
+    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp_abs).is_some() {
+        // Mounted, but the session never started: nothing can have used the mount.
+        let _ = nix::mount::umount2(&mp_abs, MntFlags::MNT_DETACH);
+    }
     // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
     fs.flush_all();
     // The kernel references nothing now: what it kept alive without a name goes.
@@ -541,6 +700,35 @@ fn process_alive(pid: u64) -> bool {
     })
 }
 
+/// Refuses at once, as umount(8) does, to unmount a mount that this command's working
+/// directory, or its parent's (the shell that ran it), is inside: the kernel would keep the
+/// mount busy until that process left it, and the daemon with it.
+fn refuse_if_inside(mp: &Path) -> Result<(), String> {
+    let Ok(mount) = std::fs::metadata(mp) else {
+        return Ok(());
+    };
+    let parent = nix::unistd::getppid();
+    for (proc_dir, who) in [
+        ("self".to_string(), "this command's working directory"),
+        (
+            parent.to_string(),
+            "the working directory of the shell that ran it",
+        ),
+    ] {
+        let inside = std::fs::metadata(format!("/proc/{proc_dir}/cwd"))
+            .is_ok_and(|cwd| cwd.dev() == mount.dev());
+        if inside {
+            return Err(format!(
+                "{}: target is busy: {who} is inside the mount; `cd` out of it, then run \
+                 `redbfs unmount {}` again",
+                mp.display(),
+                mp.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
 pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     let mp = absolute(mountpoint)?;
@@ -551,6 +739,7 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
         }
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
+    refuse_if_inside(&mp)?;
     match control::Client::connect(&store) {
         Ok(mut c) => {
             let pid = c

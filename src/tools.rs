@@ -356,11 +356,20 @@ pub fn restore_on(
     discard_current: bool,
 ) -> Result<Option<PathBuf>> {
     crate::private::check_store_dir(store)?;
-    verify_on(disk, snapshot_path)?;
     let dir = parent_dir(store);
     let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
     let _ = disk.remove(&tmp);
-    if let Err(e) = disk.copy_new(snapshot_path, &tmp) {
+    // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
+    // check may write to the file it checks) and then put in place.
+    let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
+        verify_on(disk, &tmp).map_err(|e| {
+            e.replace(
+                &tmp.display().to_string(),
+                &snapshot_path.display().to_string(),
+            )
+        })
+    });
+    if let Err(e) = copied {
         let _ = disk.remove(&tmp);
         return Err(e);
     }
@@ -409,15 +418,22 @@ fn time_ns(secs: i64, nsec: i64) -> i64 {
 }
 
 /// `import`: copies the tree under `src` into the store below `into` in one transaction.
-/// Names the normaliser refuses, symlinks, special files, files over the size limit and names
-/// that already exist are listed and skipped, or fail the whole import when `strict`.
-/// `progress` hears the entries imported so far.
+/// Names the normaliser refuses, symlinks, special files, files over the size limit, entries
+/// deeper than `--max-depth` or with a path over `--max-path-bytes`, and names that already
+/// exist are listed and skipped, or fail the whole import when `strict`. `progress` hears the
+/// entries read so far.
+///
+/// Two phases: the source is read and staged first (file content in an anonymous temporary
+/// file), with no transaction open, and then committed in one write transaction that reads
+/// nothing but the staged copy. So a source on the same mount (its reads served by the daemon
+/// that runs the import) or a slow source never holds up the store's writers.
 ///
 /// Safe on a tree another user is changing, run as root: every entry is opened relative to
 /// its parent directory's descriptor with `O_NOFOLLOW|O_NONBLOCK`, checked with `fstat` on
 /// that descriptor, and read only through it, so a name swapped for a symlink or a FIFO is
-/// skipped, never followed or waited on. Paths in the skip list are escaped
-/// (`private::escape`).
+/// skipped, never followed or waited on. The walk is iterative and goes no deeper than the
+/// store's `--max-depth`, holding one descriptor per level. Paths in the skip list are
+/// escaped (`private::escape`).
 pub fn import(
     store: &Store,
     limits: &Limits,
@@ -426,7 +442,7 @@ pub fn import(
     strict: bool,
     progress: &mut dyn FnMut(u64),
 ) -> Result<ImportReport> {
-    let (target, _) = lookup_path(&store.read().map_err(err)?, into)?;
+    let (target, canon) = lookup_path(&store.read().map_err(err)?, into)?;
     if target.kind != Kind::Dir {
         return Err(format!("{into}: not a directory in the store"));
     }
@@ -437,15 +453,27 @@ pub fn import(
         Mode::empty(),
     )
     .map_err(|e| format!("{}: {e}", shown(src)))?;
-    let mut w = store.write().map_err(err)?;
     let mut report = ImportReport::default();
-    import_tree(&mut w, limits, root, src, target.ino, &mut report, progress)?;
-    if strict && !report.skipped.is_empty() {
+    let base = if canon == "/" {
+        (0, 0)
+    } else {
+        (canon.matches('/').count(), canon.len())
+    };
+    let staged = stage_tree(limits, root, src, base, &mut report, progress)?;
+    let strict_error = |report: &ImportReport| {
         let (p, why) = &report.skipped[0];
-        return Err(format!(
+        format!(
             "--strict: {p}: {why} ({} entries would be skipped)",
             report.skipped.len()
-        ));
+        )
+    };
+    if strict && !report.skipped.is_empty() {
+        return Err(strict_error(&report));
+    }
+    let mut w = store.write().map_err(err)?;
+    commit_staged(&mut w, &staged, target.ino, &mut report)?;
+    if strict && !report.skipped.is_empty() {
+        return Err(strict_error(&report));
     }
     w.commit(Sync::Durable).map_err(err)?;
     Ok(report)
@@ -456,13 +484,66 @@ fn shown(p: &Path) -> String {
     crate::private::escape(p.as_os_str().as_bytes())
 }
 
-/// A directory of the source tree being imported: its descriptor, its path (for messages), its
-/// inode in the store, and the names still to import, last first.
+/// A directory of the source tree being read: its descriptor, its path (for messages), its
+/// index among the staged entries (None: the import's target), its depth and path bytes in
+/// the store, and the names still to read, last first.
 struct SourceDir {
     fd: OwnedFd,
     path: PathBuf,
-    ino: u64,
+    index: Option<usize>,
+    depth: usize,
+    bytes: usize,
     names: Vec<OsString>,
+}
+
+/// One entry read from the source, waiting for the commit.
+struct Staged {
+    /// Its parent among the staged entries; None: the import's target directory.
+    parent: Option<usize>,
+    name: String,
+    /// Shown in the skip list.
+    path: String,
+    kind: Kind,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    atime: i64,
+    mtime: i64,
+    /// Where its content lies in the staging file, and how long it is.
+    content: (u64, u64),
+}
+
+/// The content of staged files: an anonymous temporary file, gone when dropped.
+struct Staging {
+    file: Option<std::fs::File>,
+    len: u64,
+}
+
+impl Staging {
+    fn put(&mut self, data: &[u8]) -> Result<(u64, u64)> {
+        if self.file.is_none() {
+            self.file = Some(tempfile::tempfile().map_err(|e| format!("staging file: {e}"))?);
+        }
+        let f = self.file.as_mut().expect("just made");
+        f.write_all(data)
+            .map_err(|e| format!("staging file: {e}"))?;
+        let at = self.len;
+        self.len += data.len() as u64;
+        Ok((at, data.len() as u64))
+    }
+
+    fn get(&self, (at, len): (u64, u64)) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0u8; len as usize];
+        if len > 0 {
+            self.file
+                .as_ref()
+                .ok_or("staging file missing")?
+                .read_exact_at(&mut data, at)
+                .map_err(|e| format!("staging file: {e}"))?;
+        }
+        Ok(data)
+    }
 }
 
 /// The names in the directory open at `fd` (read through a duplicate of it), sorted, last
@@ -493,30 +574,28 @@ fn refused_kind(mode: u32) -> Option<&'static str> {
     }
 }
 
-/// What became of one entry of the source.
-enum Imported {
-    Skipped,
-    File,
-    /// A directory, new or already in the store: its descriptor and its inode, to walk next.
-    Dir(OwnedFd, u64),
-}
+const CHANGED: &str = "changed while importing: no longer the file or directory it was";
 
-/// The walk, iterative (a hostile tree may be deeper than any stack): one `SourceDir` per
-/// directory from the top down to the one being read, depth first in name order.
-fn import_tree(
-    w: &mut WriteTxn<'_>,
+/// Reads the source tree into `Staged` entries, depth first in name order, parents before
+/// their children. Iterative (a hostile tree may be deeper than any stack): one `SourceDir`
+/// per directory from the top down to the one being read, never deeper than the limit.
+fn stage_tree(
     limits: &Limits,
     root: OwnedFd,
     src: &Path,
-    ino: u64,
+    (depth, bytes): (usize, usize),
     report: &mut ImportReport,
     progress: &mut dyn FnMut(u64),
-) -> Result<()> {
+) -> Result<(Vec<Staged>, Staging)> {
+    let mut staged = Vec::new();
+    let mut staging = Staging { file: None, len: 0 };
     let mut stack = vec![SourceDir {
         names: names_in(&root, src)?,
         fd: root,
         path: src.to_path_buf(),
-        ino,
+        index: None,
+        depth,
+        bytes,
     }];
     while let Some(top) = stack.last_mut() {
         let Some(raw) = top.names.pop() else {
@@ -524,38 +603,43 @@ fn import_tree(
             continue;
         };
         let path = top.path.join(&raw);
-        match import_entry(w, limits, &top.fd, &raw, top.ino, &path, report)? {
-            Imported::Skipped => continue,
-            Imported::File => {}
-            Imported::Dir(fd, ino) => {
+        let at = (top.depth + 1, top.bytes + 1 + raw.len());
+        let parent = top.index;
+        if let Some((fd, entry)) =
+            stage_entry(limits, &top.fd, &raw, &path, at, &mut staging, report)?
+        {
+            let (kind, bytes) = (entry.kind, at.1 - raw.len() + entry.name.len());
+            staged.push(Staged { parent, ..entry });
+            if kind == Kind::Dir {
                 let names = names_in(&fd, &path)?;
                 stack.push(SourceDir {
                     fd,
                     path,
-                    ino,
+                    index: Some(staged.len() - 1),
+                    depth: at.0,
+                    bytes,
                     names,
                 });
             }
+            progress(staged.len() as u64);
         }
-        progress(report.files + report.dirs);
     }
-    Ok(())
+    Ok((staged, staging))
 }
 
-const CHANGED: &str = "changed while importing: no longer the file or directory it was";
-
-fn import_entry(
-    w: &mut WriteTxn<'_>,
+/// Looks at one entry of the source and stages it, or lists it as skipped (None).
+fn stage_entry(
     limits: &Limits,
     dir: &OwnedFd,
     raw: &OsStr,
-    parent: u64,
     path: &Path,
+    (depth, bytes): (usize, usize),
+    staging: &mut Staging,
     report: &mut ImportReport,
-) -> Result<Imported> {
+) -> Result<Option<(OwnedFd, Staged)>> {
     let mut skip = |why: &str| {
         report.skipped.push((shown(path), why.to_string()));
-        Ok(Imported::Skipped)
+        Ok(None)
     };
     // A first look without opening: what is not a file or directory is never opened.
     let first = match fstatat(dir, raw, AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -571,10 +655,19 @@ fn import_entry(
         Ok(n) => n,
         Err(e) => return skip(&e.to_string()),
     };
-    let existing = w.lookup(parent, name.as_str()).map_err(err)?;
-    let merge = matches!(existing, Some((_, Kind::Dir))) && is_dir;
-    if existing.is_some() && !merge {
-        return skip("already exists in the store");
+    // The same limits as an entry made through the mount: never deeper, never longer.
+    if depth > limits.max_depth {
+        return skip(&format!(
+            "would be {depth} levels deep, over --max-depth {}",
+            limits.max_depth
+        ));
+    }
+    let bytes = bytes - raw.len() + name.as_str().len();
+    if bytes > limits.max_path_bytes {
+        return skip(&format!(
+            "path would be {bytes} bytes, over --max-path-bytes {}",
+            limits.max_path_bytes
+        ));
     }
     // Open it, never through a symlink and never waiting (a FIFO swapped in), and look again
     // at what was opened: only that descriptor is read.
@@ -599,59 +692,113 @@ fn import_entry(
     if (st.st_mode & libc::S_IFMT == libc::S_IFDIR) != is_dir {
         return skip(CHANGED);
     }
-    if let Some((ino, Kind::Dir)) = existing {
-        return Ok(Imported::Dir(fd, ino));
-    }
     let over = format!("over --max-file-bytes {}", limits.max_file_bytes);
     if !is_dir && st.st_size as u64 > limits.max_file_bytes {
         return skip(&over);
     }
-    let now = now_ns();
-    let kind = if is_dir { Kind::Dir } else { Kind::File };
-    let mut inode = Inode {
-        ino: w.alloc_ino().map_err(err)?,
-        kind,
+    let mut entry = Staged {
+        parent: None,
+        name: name.as_str().to_string(),
+        path: shown(path),
+        kind: if is_dir { Kind::Dir } else { Kind::File },
         perm: st.st_mode & 0o7777,
         uid: st.st_uid,
         gid: st.st_gid,
-        size: 0,
-        nlink: if is_dir { 2 } else { 1 },
-        parent,
         atime: time_ns(st.st_atime, st.st_atime_nsec),
         mtime: time_ns(st.st_mtime, st.st_mtime_nsec),
-        ctime: now,
-        crtime: now,
-        name: name.as_str().to_string(),
+        content: (0, 0),
     };
     if is_dir {
-        w.put_inode(&inode).map_err(err)?;
-        w.put_dirent(parent, name.as_str(), inode.ino, kind)
-            .map_err(err)?;
-        let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
-        p.nlink += 1;
-        w.put_inode(&p).map_err(err)?;
-        report.dirs += 1;
-        return Ok(Imported::Dir(fd, inode.ino));
+        return Ok(Some((fd, entry)));
     }
     // Read through the descriptor, no further than the limit: the file may be growing.
     let mut data = Vec::new();
-    std::fs::File::from(fd)
+    let mut f = std::fs::File::from(fd);
+    (&mut f)
         .take(limits.max_file_bytes.saturating_add(1))
         .read_to_end(&mut data)
         .map_err(|e| format!("{}: {e}", shown(path)))?;
     if data.len() as u64 > limits.max_file_bytes {
         return skip(&over);
     }
-    inode.size = data.len() as u64;
-    for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
-        w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
+    entry.content = staging.put(&data)?;
+    Ok(Some((OwnedFd::from(f), entry)))
+}
+
+/// Writes the staged entries below `target` in `w`. A directory that already exists takes the
+/// staged one's entries; any other name that exists is skipped with what was staged below it.
+fn commit_staged(
+    w: &mut WriteTxn<'_>,
+    (staged, staging): &(Vec<Staged>, Staging),
+    target: u64,
+    report: &mut ImportReport,
+) -> Result<()> {
+    // The inode each staged directory became (None: skipped, and so is everything below it).
+    let mut made: Vec<Option<u64>> = Vec::with_capacity(staged.len());
+    let now = now_ns();
+    for e in staged {
+        let parent = match e.parent {
+            None => Some(target),
+            Some(i) => made[i],
+        };
+        let Some(parent) = parent else {
+            made.push(None);
+            continue;
+        };
+        match w.lookup(parent, &e.name).map_err(err)? {
+            Some((ino, Kind::Dir)) if e.kind == Kind::Dir => {
+                made.push(Some(ino));
+                continue;
+            }
+            Some(_) => {
+                report
+                    .skipped
+                    .push((e.path.clone(), "already exists in the store".into()));
+                made.push(None);
+                continue;
+            }
+            None => {}
+        }
+        let is_dir = e.kind == Kind::Dir;
+        let mut inode = Inode {
+            ino: w.alloc_ino().map_err(err)?,
+            kind: e.kind,
+            perm: e.perm,
+            uid: e.uid,
+            gid: e.gid,
+            size: 0,
+            nlink: if is_dir { 2 } else { 1 },
+            parent,
+            atime: e.atime,
+            mtime: e.mtime,
+            ctime: now,
+            crtime: now,
+            name: e.name.clone(),
+        };
+        if is_dir {
+            w.put_inode(&inode).map_err(err)?;
+            w.put_dirent(parent, &e.name, inode.ino, e.kind)
+                .map_err(err)?;
+            let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
+            p.nlink += 1;
+            w.put_inode(&p).map_err(err)?;
+            report.dirs += 1;
+            made.push(Some(inode.ino));
+            continue;
+        }
+        let data = staging.get(e.content)?;
+        inode.size = data.len() as u64;
+        for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
+            w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
+        }
+        w.put_inode(&inode).map_err(err)?;
+        w.put_dirent(parent, &e.name, inode.ino, e.kind)
+            .map_err(err)?;
+        report.files += 1;
+        report.bytes += inode.size;
+        made.push(None);
     }
-    w.put_inode(&inode).map_err(err)?;
-    w.put_dirent(parent, name.as_str(), inode.ino, kind)
-        .map_err(err)?;
-    report.files += 1;
-    report.bytes += inode.size;
-    Ok(Imported::File)
+    Ok(())
 }
 
 fn timespec(ns: i64) -> TimeSpec {
@@ -769,7 +916,13 @@ pub fn export_dir(
             dest.display()
         ));
     }
-    let entries = tree(r, path)?;
+    let entries = match tree(r, path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            remove_made(&root, &[], dest, created);
+            return Err(e);
+        }
+    };
     let base = entries[0].1.path.clone();
     let target = |e: &EntryInfo| dest.join(e.path[base.len()..].trim_start_matches('/'));
     let refused = |e: &EntryInfo, x: nix::Error| match x {
@@ -780,56 +933,94 @@ pub fn export_dir(
         ),
         x => format!("{}: {x}", target(e).display()),
     };
-    let mut report = ExportReport::default();
-    // The directories from `dest` down to the one being written, each open; a directory gets
-    // its mode and times once its last entry is written, so they do not move its mtime.
-    let mut open: Vec<OpenDir> = Vec::new();
-    let top_is_dir = entries[0].1.kind == "dir";
-    open.push((root, top_is_dir.then_some(&entries[0].1), created));
-    let close = |(fd, e, mode): OpenDir| match e {
-        Some(e) => finish_entry(&fd, e, opts, mode),
-        None => Ok(()),
-    };
-    for (depth, e) in entries.iter().skip(usize::from(top_is_dir)) {
-        // A file exported on its own goes into `dest`, as if at depth 1.
-        while open.len() > (*depth).max(1) {
-            close(open.pop().expect("not empty"))?;
-        }
-        let parent = &open.last().expect("dest stays open").0;
-        if e.kind == "dir" {
-            mkdirat(parent, e.name.as_str(), Mode::from_bits_truncate(0o700))
+    // What the export made directly in `dest`: removed again if it fails.
+    let mut tops: Vec<String> = Vec::new();
+    let keep = root
+        .try_clone()
+        .map_err(|x| format!("{}: {x}", dest.display()))?;
+    let written = (|| -> Result<ExportReport> {
+        let mut report = ExportReport::default();
+        // The directories from `dest` down to the one being written, each open; a directory gets
+        // its mode and times once its last entry is written, so they do not move its mtime.
+        let mut open: Vec<OpenDir> = Vec::new();
+        let top_is_dir = entries[0].1.kind == "dir";
+        open.push((root, top_is_dir.then_some(&entries[0].1), created));
+        let close = |(fd, e, mode): OpenDir| match e {
+            Some(e) => finish_entry(&fd, e, opts, mode),
+            None => Ok(()),
+        };
+        for (depth, e) in entries.iter().skip(usize::from(top_is_dir)) {
+            // A file exported on its own goes into `dest`, as if at depth 1.
+            while open.len() > (*depth).max(1) {
+                close(open.pop().expect("not empty"))?;
+            }
+            let parent = &open.last().expect("dest stays open").0;
+            if open.len() == 1 {
+                tops.push(e.name.clone());
+            }
+            if e.kind == "dir" {
+                mkdirat(parent, e.name.as_str(), Mode::from_bits_truncate(0o700))
+                    .map_err(|x| refused(e, x))?;
+                let fd = openat(parent, e.name.as_str(), DIR_FLAGS, Mode::empty())
+                    .map_err(|x| refused(e, x))?;
+                open.push((fd, Some(e), true));
+                report.dirs += 1;
+            } else {
+                let fd = openat(
+                    parent,
+                    e.name.as_str(),
+                    OFlag::O_WRONLY
+                        | OFlag::O_CREAT
+                        | OFlag::O_EXCL
+                        | OFlag::O_NOFOLLOW
+                        | OFlag::O_CLOEXEC,
+                    Mode::from_bits_truncate(0o600),
+                )
                 .map_err(|x| refused(e, x))?;
-            let fd = openat(parent, e.name.as_str(), DIR_FLAGS, Mode::empty())
-                .map_err(|x| refused(e, x))?;
-            open.push((fd, Some(e), true));
-            report.dirs += 1;
-        } else {
-            let fd = openat(
-                parent,
-                e.name.as_str(),
-                OFlag::O_WRONLY
-                    | OFlag::O_CREAT
-                    | OFlag::O_EXCL
-                    | OFlag::O_NOFOLLOW
-                    | OFlag::O_CLOEXEC,
-                Mode::from_bits_truncate(0o600),
-            )
-            .map_err(|x| refused(e, x))?;
-            let (inode, _) = lookup_path(r, &e.path)?;
-            let data = read_content(r, &inode)?;
-            let mut f = std::fs::File::from(fd);
-            f.write_all(&data)
-                .map_err(|x| format!("{}: {x}", target(e).display()))?;
-            finish_entry(&OwnedFd::from(f), e, opts, true)?;
-            report.files += 1;
-            report.bytes += data.len() as u64;
+                let (inode, _) = lookup_path(r, &e.path)?;
+                let data = read_content(r, &inode)?;
+                let mut f = std::fs::File::from(fd);
+                f.write_all(&data)
+                    .map_err(|x| format!("{}: {x}", target(e).display()))?;
+                finish_entry(&OwnedFd::from(f), e, opts, true)?;
+                report.files += 1;
+                report.bytes += data.len() as u64;
+            }
+            progress(report.files + report.dirs);
         }
-        progress(report.files + report.dirs);
+        while let Some(d) = open.pop() {
+            close(d)?;
+        }
+        Ok(report)
+    })();
+    if written.is_err() {
+        remove_made(&keep, &tops, dest, created);
     }
-    while let Some(d) = open.pop() {
-        close(d)?;
+    written
+}
+
+/// Removes what a failed export made: `names` directly in the directory open at `dir`
+/// (reached through that descriptor, never through a path another user could swap), then
+/// `dest` itself when the export created it and it is still that directory.
+fn remove_made(dir: &OwnedFd, names: &[String], dest: &Path, created: bool) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    let base = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    for n in names {
+        let p = base.join(n);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => drop(std::fs::remove_dir_all(&p)),
+            Ok(_) => drop(std::fs::remove_file(&p)),
+            Err(_) => {}
+        }
     }
-    Ok(report)
+    if created
+        && let (Ok(st), Ok(m)) = (fstat(dir), std::fs::symlink_metadata(dest))
+        && m.dev() == st.st_dev
+        && m.ino() == st.st_ino
+    {
+        let _ = std::fs::remove_dir(dest);
+    }
 }
 
 /// `export --tar`: the tree under `path` as a POSIX (pax) tar stream with modes and mtimes.

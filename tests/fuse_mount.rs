@@ -405,3 +405,359 @@ fn foreground_daemon_unmounts_on_sigterm() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `redbfs ARGS...` in a mount namespace of its own where `/dev/fuse` is `/dev/null`: opening
+/// the device works, mount(2) refuses it.
+fn redbfs_without_fuse(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind /dev/null /dev/fuse && exec "$0" "$@""#)
+        .arg(common::redbfs_bin())
+        .args(args)
+        .output()
+        .expect("run unshare (util-linux)")
+}
+
+/// Issue 12, item 5: a mount refused for a mountpoint holding files left the daemon's log
+/// beside the store; one that failed at mount(2) left a 4 MiB write-ahead log, a socket and a
+/// new store. A refused or failed mount now leaves nothing it created, and an existing store
+/// keeps its content.
+#[test]
+fn a_refused_or_failed_mount_leaves_nothing_behind() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), "1").unwrap();
+    let out = redbfs(&["mount", full.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert_eq!(names_in(dir.path()), ["full"], "refused for files");
+
+    // mount(2) fails after the store, its log, the socket and the mountpoint were made.
+    let mp = dir.path().join("new/mnt");
+    let store = dir.path().join("new/store.redb");
+    let out = redbfs_without_fuse(&[
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("mount "), "says why: {err}");
+    assert_eq!(names_in(dir.path()), ["full"], "mount(2) failed: {err}");
+
+    // An existing store stays, with its content; nothing is left beside it.
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("kept.md"), "kept").unwrap();
+    let store = dir.path().join("old.redb");
+    let out = redbfs(&["import", src.to_str().unwrap(), store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&src).unwrap();
+    let out = redbfs_without_fuse(&[
+        "mount",
+        dir.path().join("mnt").to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(names_in(dir.path()), ["full", "old.redb"]);
+    let out = redbfs(&["cat", store.to_str().unwrap(), "/kept.md"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept");
+}
+
+/// Issue 12, item 6: `redbfs mount x/m --store x/s.redb` with no `x` said only "the daemon
+/// exited before mounting (see its log)", and no log could exist: the daemon died opening its
+/// log beside a store whose directory it had not made yet. The directory is made now, and
+/// every reason a daemon gives up before the mount answers reaches the terminal in one line.
+#[test]
+fn startup_errors_reach_the_terminal() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("x/m");
+    let out = redbfs(&[
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        dir.path().join("x/s.redb").to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(mp.join("a"), "1").unwrap();
+    let out = redbfs(&["unmount", mp.to_str().unwrap()]);
+    assert!(out.status.success());
+
+    // A log the daemon cannot open: the reason, in one line.
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let out = redbfs(&[
+        "mount",
+        dir.path().join("m2").to_str().unwrap(),
+        "--log-file",
+        file.join("log").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("log file") && err.contains("Not a directory"),
+        "{err}"
+    );
+    assert!(!dir.path().join("m2.redb").exists());
+
+    // Refused at mount(2): the reason, in one line.
+    let out = redbfs_without_fuse(&["mount", dir.path().join("m3").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("Invalid argument"), "{err}");
+}
+
+/// Runs `redbfs ARGS...` in `cwd`, killed after `secs`: (output, whether it finished).
+fn redbfs_within(args: &[&str], cwd: &Path, secs: u64) -> (std::process::Output, bool) {
+    let mut child = std::process::Command::new(common::redbfs_bin())
+        .args(args)
+        .current_dir(cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut finished = true;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            finished = false;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    (child.wait_with_output().unwrap(), finished)
+}
+
+/// Makes `levels` nested directories `d` below `top` (relative to descriptors: the path is
+/// longer than PATH_MAX), with a file at the bottom.
+fn deep_tree(top: &Path, levels: usize) {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    let mut fd = open(top, OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty()).unwrap();
+    for _ in 0..levels {
+        mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+        fd = openat(
+            &fd,
+            "d",
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+    }
+    let f = openat(
+        &fd,
+        "bottom.md",
+        OFlag::O_CREAT | OFlag::O_WRONLY,
+        Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    std::fs::File::from(f).write_all(b"deep").unwrap();
+}
+
+/// Issue 12, item 7: importing a tree 2,030 levels deep into a mounted store overflowed the
+/// daemon's control thread and killed it, and nothing kept the store within `--max-depth`.
+/// The walk is iterative and stops at the store's depth limit, listing what it skips; `du` and
+/// `tree` walk iteratively too.
+#[test]
+fn import_of_a_very_deep_tree_keeps_the_depth_limit_and_the_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let src = m.dir.path().join("deep");
+    std::fs::create_dir(&src).unwrap();
+    deep_tree(&src, 2030);
+    let mp = m.mountpoint.to_str().unwrap();
+    let (out, finished) = redbfs_within(
+        &["import", src.to_str().unwrap(), mp, "--into", "/"],
+        m.dir.path(),
+        120,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(finished && out.status.success(), "{err}");
+    assert!(err.contains("over --max-depth 32"), "{err}");
+    let st = status(&m);
+    assert_eq!(st["dirs"], 33, "the root and 32 levels: {st}");
+    for cmd in ["du", "tree"] {
+        let out = redbfs(&[cmd, mp]);
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::write(m.path("after"), "still serving").unwrap();
+    // rm walks a tree deeper than PATH_MAX.
+    let _ = std::process::Command::new("rm")
+        .arg("-rf")
+        .arg(&src)
+        .status();
+}
+
+/// Issue 12, item 7: `redbfs import` held the store's write transaction while it read the
+/// source, so importing from the mount itself deadlocked every writer. The source is read and
+/// staged first; the commit reads only the staged copy.
+#[test]
+fn import_from_inside_the_same_mount_works() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir_all(m.path("memories/sub")).unwrap();
+    std::fs::write(m.path("memories/a.md"), "alpha").unwrap();
+    std::fs::write(m.path("memories/sub/b.md"), "beta").unwrap();
+    std::fs::create_dir(m.path("copy")).unwrap();
+    let (out, finished) = redbfs_within(
+        &[
+            "import",
+            m.path("memories").to_str().unwrap(),
+            m.mountpoint.to_str().unwrap(),
+            "--into",
+            "/copy",
+        ],
+        m.dir.path(),
+        60,
+    );
+    assert!(finished, "the import from the mount into itself hung");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("copy/a.md")).unwrap(),
+        "alpha"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("copy/sub/b.md")).unwrap(),
+        "beta"
+    );
+    std::fs::write(m.path("memories/c.md"), "writers carry on").unwrap();
+}
+
+/// Issue 12, item 7: the control socket had no limits (a 100 MB line grew the daemon by
+/// 119 MB; 2,000 idle connections made 2,000 threads). A line is at most 1 MiB, a line that
+/// is not UTF-8 gets an error, at most 16 connections are served at once (the next one gets an
+/// error line), and a connection idle for 30 s is closed.
+#[test]
+fn the_control_socket_has_limits() {
+    if !fuse_available() {
+        return;
+    }
+    use std::io::BufRead;
+    use std::os::unix::net::UnixStream;
+    let m = TestMount::new();
+    let sock = format!("{}.sock", m.store.display());
+    let answer = |s: &UnixStream| {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(s).read_line(&mut line).unwrap();
+        line
+    };
+
+    {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.write_all(b"{\"op\":\"status\",\"x\":\"\xff\"}\n")
+            .unwrap();
+        assert!(answer(&s).contains("not UTF-8"));
+        // The connection still serves.
+        s.write_all(b"{\"op\":\"status\"}\n").unwrap();
+        assert!(answer(&s).contains("\"ok\":true"));
+    }
+    {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        let long = vec![b'x'; 2 << 20];
+        let _ = s.write_all(&long);
+        let a = answer(&s);
+        assert!(a.contains("request longer than"), "{a}");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+
+    let idle: Vec<UnixStream> = (0..16)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let s = UnixStream::connect(&sock).unwrap();
+    let a = answer(&s);
+    assert!(a.contains("16 control connections"), "{a}");
+    // The idle ones are closed after 30 s; then a request is served again.
+    std::thread::sleep(std::time::Duration::from_secs(32));
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(b"{\"op\":\"status\"}\n").unwrap();
+    let a = answer(&s);
+    assert!(a.contains("\"ok\":true"), "{a}");
+    for c in &idle {
+        let mut buf = [0u8; 1];
+        c.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!((&*c).read(&mut buf).unwrap(), 0, "closed by the daemon");
+    }
+}
+
+/// Issue 12, item 7: `redbfs unmount .` from inside the mount detached it lazily and then
+/// waited 5 minutes for a daemon that could not exit. It says at once that the mount is busy.
+#[test]
+fn unmount_from_inside_the_mount_says_busy_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    let (out, finished) = redbfs_within(&["unmount", "."], &m.mountpoint, 20);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(finished, "unmount from inside hung");
+    assert!(!out.status.success());
+    assert!(err.contains("target is busy"), "{err}");
+    assert!(mountinfo_line(&m.mountpoint).is_some(), "still mounted");
+    std::fs::write(m.path("memories/x"), "1").unwrap();
+}
+
+/// Issue 12, item 7: near a full disk the daemon wrote a warn line for every refused write
+/// (13,800 lines). The same refusal is logged once per interval, with the count it left out.
+#[test]
+fn repeated_refusals_are_logged_once_per_interval() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::with_args(&["--quota", "64K"]);
+    let big = vec![7u8; 100 * 1024];
+    for i in 0..300 {
+        assert!(std::fs::write(m.path(&format!("f{i}")), &big).is_err());
+    }
+    let log = m.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("refused: ") && l.contains("--quota"))
+        .count();
+    assert!((1..=3).contains(&lines), "{lines} lines:\n{log}");
+}

@@ -490,3 +490,185 @@ fn import_of_a_directory_the_stock_sdk_tool_wrote() {
     );
     assert_eq!(strip_dirs_mtime(read_tree(&back)), strip_dirs_mtime(want));
 }
+
+/// A store at `store` holding `/notes.md` ("v1") and `/big.bin` (`big` bytes), made by
+/// `import`.
+fn small_store(dir: &Path, store: &Path, big: usize) {
+    let src = dir.join("src-small");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("notes.md"), "v1").unwrap();
+    std::fs::write(src.join("big.bin"), vec![9u8; big]).unwrap();
+    ok(redbfs(&["import", s(&src), s(store)]));
+    std::fs::remove_dir_all(&src).unwrap();
+}
+
+/// Issue 12, item 8: `redbfs export STORE --tar STORE` truncated the store (on a mounted store
+/// it overwrote the live file), and a failed export left its partial output. An export never
+/// writes over a store or a file kept beside one, `--force` or not, and leaves nothing behind
+/// when it fails.
+#[test]
+fn export_never_writes_over_a_store_and_leaves_nothing_when_it_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    small_store(dir.path(), &store, 10);
+    let other = dir.path().join("other.redb");
+    small_store(dir.path(), &other, 10);
+    let before = std::fs::read(&other).unwrap();
+    for target in [&store, &other] {
+        refused(
+            redbfs(&["export", s(&store), "--tar", s(target), "--force"]),
+            "export never writes over it",
+        );
+    }
+    refused(
+        redbfs(&["export", s(&store), "--tar", s(&store)]),
+        "export never writes over it",
+    );
+    assert_eq!(std::fs::read(&other).unwrap(), before);
+    assert_eq!(ok(redbfs(&["cat", s(&store), "/notes.md"])), "v1");
+
+    // A disk that fills up mid-export: the partial tar, and the directory, go.
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let store = dir.path().join("big.redb");
+    small_store(dir.path(), &store, 3 << 20);
+    let small = dir.path().join("tmpfs");
+    std::fs::create_dir(&small).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &small,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mount a tmpfs (the test needs root)");
+    let tar = small.join("out.tar");
+    let out = redbfs(&["export", s(&store), "--tar", s(&tar)]);
+    let dest = small.join("out");
+    let out2 = redbfs(&["export", s(&store), s(&dest)]);
+    std::fs::create_dir(small.join("empty")).unwrap();
+    let out3 = redbfs(&["export", s(&store), s(&small.join("empty"))]);
+    let left: Vec<String> = std::fs::read_dir(&small)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let inside_empty = std::fs::read_dir(small.join("empty")).unwrap().count();
+    nix::mount::umount(&small).unwrap();
+    refused(out, "No space left");
+    refused(out2, "No space left");
+    refused(out3, "No space left");
+    assert_eq!(left, ["empty"], "what a failed export left");
+    assert_eq!(
+        inside_empty, 0,
+        "what a failed export left in an empty directory"
+    );
+}
+
+/// Issue 12, item 8: a failed `import --strict` into a new store left an empty store.
+#[test]
+fn a_failed_strict_import_leaves_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("ok.md"), "1").unwrap();
+    std::os::unix::fs::symlink("ok.md", src.join("link")).unwrap();
+    let store = dir.path().join("new.redb");
+    refused(
+        redbfs(&["import", s(&src), s(&store), "--strict"]),
+        "--strict",
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["src"]);
+}
+
+/// Issue 12, item 8: `ls` rewrote 146 header bytes of the store it listed (redb writes its
+/// header when it opens a file read-write), and `restore` changed the snapshot it checked.
+/// Every read-only command leaves the store's bytes as they were, and a snapshot its owner
+/// cannot write (0444) can still be listed and restored.
+#[test]
+fn read_only_commands_never_write_to_a_store() {
+    if !fuse_available() {
+        return;
+    }
+    // A store with history: "v1", a mark, then "v2".
+    let mut m = TestMount::new();
+    std::fs::write(m.path("notes.md"), "v1").unwrap();
+    ok(redbfs(&["mark", s(&m.mountpoint), "first"]));
+    std::fs::write(m.path("notes.md"), "v2").unwrap();
+    m.unmount();
+    let dir = &m.dir;
+    let store = m.store.clone();
+    let before = std::fs::read(&store).unwrap();
+    let st = s(&store);
+    for args in [
+        &["ls", st][..],
+        &["ls", "-l", st, "/"],
+        &["cat", st, "/notes.md"],
+        &["tree", st],
+        &["du", st],
+        &["stats", st],
+        &["status", st],
+        &["log", st],
+        &["show", st, "/notes.md", "--at", "first"],
+        &["diff", st, "/notes.md", "--from", "first"],
+        &["check", st],
+    ] {
+        let out = redbfs(args);
+        // diff exits 1 when the versions differ, as diff(1) does.
+        let want = if args[0] == "diff" { 1 } else { 0 };
+        assert!(
+            out.status.code() == Some(want),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            std::fs::read(&store).unwrap() == before,
+            "{args:?} changed the store's bytes"
+        );
+    }
+    let snap = dir.path().join("snap.redb");
+    ok(redbfs(&["snapshot", st, s(&snap)]));
+    let snap_bytes = std::fs::read(&snap).unwrap();
+    let target = dir.path().join("restored.redb");
+    ok(redbfs(&["restore", s(&snap), s(&target)]));
+    assert!(
+        std::fs::read(&snap).unwrap() == snap_bytes,
+        "restore changed the snapshot"
+    );
+    assert_eq!(ok(redbfs(&["cat", s(&target), "/notes.md"])), "v2");
+
+    // A read-only snapshot, listed and restored by its owner (not root).
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = dir.path().join("nobody");
+    std::fs::create_dir(&home).unwrap();
+    let ro = home.join("ro.redb");
+    std::fs::copy(&snap, &ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    for p in [&home, &ro] {
+        nix::unistd::chown(p.as_path(), Some(65534.into()), Some(65534.into())).unwrap();
+    }
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(common::redbfs_bin())
+            .args(args)
+            .env("TMPDIR", &home)
+            .output()
+            .unwrap()
+    };
+    let listed = ok(as_nobody(&["ls", s(&ro)]));
+    assert!(listed.contains("notes.md"), "{listed}");
+    ok(as_nobody(&["restore", s(&ro), s(&home.join("mine.redb"))]));
+    assert_eq!(
+        ok(as_nobody(&["cat", s(&home.join("mine.redb")), "/notes.md"])),
+        "v2"
+    );
+}

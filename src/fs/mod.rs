@@ -356,7 +356,7 @@ impl Fs {
                     && self.store.disk_nearly_full()
                     && let Err(e) = self.store.shed_history()
                 {
-                    tracing::warn!(error = %e, "could not drop history to make room");
+                    crate::warn_limited!(error = %e, "could not drop history to make room");
                 }
                 Ok(seq)
             }
@@ -365,7 +365,7 @@ impl Fs {
                 if self.store.history_on()
                     && let Err(e) = self.store.shed_history()
                 {
-                    tracing::warn!(error = %e, "could not drop history to make room");
+                    crate::warn_limited!(error = %e, "could not drop history to make room");
                 }
                 Err(Error::Store(StoreError::NoRoom))
             }
@@ -1186,7 +1186,7 @@ impl Fs {
         if let Some(i) = stored
             && let Err(e) = self.refresh_atime(i)
         {
-            tracing::warn!(ino, error = %e, "could not update the access time");
+            crate::warn_limited!(ino, error = %e, "could not update the access time");
         }
         Ok(fh)
     }
