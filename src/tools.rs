@@ -471,7 +471,7 @@ pub fn import(
         return Err(strict_error(&report));
     }
     let mut w = store.write().map_err(err)?;
-    commit_staged(&mut w, &staged, target.ino, &mut report)?;
+    commit_staged(&mut w, limits, &staged, target.ino, &mut report)?;
     if strict && !report.skipped.is_empty() {
         return Err(strict_error(&report));
     }
@@ -727,8 +727,12 @@ fn stage_entry(
 
 /// Writes the staged entries below `target` in `w`. A directory that already exists takes the
 /// staged one's entries; any other name that exists is skipped with what was staged below it.
+///
+/// `--max-files` and `--quota` hold here, counting what the store holds already: an entry that
+/// would take the store past either is skipped and listed (a directory with all below it).
 fn commit_staged(
     w: &mut WriteTxn<'_>,
+    limits: &Limits,
     (staged, staging): &(Vec<Staged>, Staging),
     target: u64,
     report: &mut ImportReport,
@@ -736,6 +740,9 @@ fn commit_staged(
     // The inode each staged directory became (None: skipped, and so is everything below it).
     let mut made: Vec<Option<u64>> = Vec::with_capacity(staged.len());
     let now = now_ns();
+    let usage = w.usage().map_err(err)?;
+    let mut entries = usage.files + usage.dirs;
+    let mut content = usage.content_bytes;
     for e in staged {
         let parent = match e.parent {
             None => Some(target),
@@ -759,6 +766,26 @@ fn commit_staged(
             }
             None => {}
         }
+        if entries >= limits.max_files {
+            report.skipped.push((
+                e.path.clone(),
+                format!("over --max-files {}", limits.max_files),
+            ));
+            made.push(None);
+            continue;
+        }
+        // A staged file's content is (offset, length) in the staging file.
+        let size = if e.kind == Kind::File { e.content.1 } else { 0 };
+        if limits.quota_bytes > 0 && content + size > limits.quota_bytes {
+            report.skipped.push((
+                e.path.clone(),
+                format!("over --quota {} content bytes", limits.quota_bytes),
+            ));
+            made.push(None);
+            continue;
+        }
+        entries += 1;
+        content += size;
         let is_dir = e.kind == Kind::Dir;
         let mut inode = Inode {
             ino: w.alloc_ino().map_err(err)?,

@@ -191,3 +191,63 @@ fn buffered_content_beyond_max_buffer_leaves_memory() {
         }
     }
 }
+
+/// Import ignored the store's limits: a store with a 1 MB quota and at most 5 files took
+/// 10 MB in 20 files, 9 levels deep, and `check` called it clean. Now every limit holds:
+/// what would break one is skipped and listed, `--strict` refuses the whole import, and the
+/// store stays within its limits (mounted or not).
+#[test]
+fn import_keeps_every_limit_of_the_store() {
+    if !fuse_available() {
+        return;
+    }
+    let src = tempfile::tempdir().unwrap();
+    let mut dir = src.path().to_path_buf();
+    for level in 0..9 {
+        dir = dir.join(format!("level{level}"));
+        std::fs::create_dir(&dir).unwrap();
+        for i in 0..2 {
+            std::fs::write(dir.join(format!("f{i}.bin")), vec![b'i'; 600_000]).unwrap();
+        }
+    }
+    let mut m = TestMount::with_args(&["--quota", "1M", "--max-files", "5", "--max-depth", "4"]);
+    m.unmount();
+    let store_path = m.store.clone();
+    let store = store_path.to_str().unwrap();
+    let out = redbfs(&["import", "--strict", src.path().to_str().unwrap(), store]);
+    assert!(!out.status.success(), "--strict imported over the limits");
+    let out = redbfs(&["import", src.path().to_str().unwrap(), store]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("over --quota"), "{text}");
+    assert!(
+        text.contains("over --max-files") || text.contains("--max-depth"),
+        "{text}"
+    );
+    let out = redbfs(&["stats", store, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["content_bytes"].as_u64().unwrap() <= 1 << 20, "{v}");
+    assert!(
+        v["files"].as_u64().unwrap() + v["dirs"].as_u64().unwrap() <= 5,
+        "{v}"
+    );
+    let out = redbfs(&["check", store]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Mounted, through the daemon: the same limits.
+    m.mount();
+    let out = redbfs(&["import", src.path().to_str().unwrap(), store, "--into", "/"]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let out = redbfs(&["check", m.mountpoint.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
