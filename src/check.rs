@@ -88,8 +88,31 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             findings.push(format!("orphan {o} has no inode"));
         }
     }
-    // Cycles: every directory must reach the root by parent pointers.
-    for (ino, i) in &inodes {
+    cycles(&inodes, &orphans, &mut findings);
+    chunks(r, &inodes, &mut findings)?;
+    blob_references(r, &mut findings)?;
+    damaged_chunks(r, &mut findings)?;
+    findings.extend(over_limits(r, &inodes, &dirents)?);
+    let usage = r.usage()?;
+    let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
+    let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
+    let bytes: u64 = inodes.values().map(|i| i.size).sum();
+    if usage.files != files || usage.dirs != dirs || usage.content_bytes != bytes {
+        findings.push(format!(
+            "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dirs}, {bytes}",
+            usage.files, usage.dirs, usage.content_bytes
+        ));
+    }
+    Ok(findings)
+}
+
+/// Every directory reaches the root by parent pointers.
+fn cycles(
+    inodes: &HashMap<u64, crate::store::Inode>,
+    orphans: &HashSet<u64>,
+    findings: &mut Vec<String>,
+) {
+    for (ino, i) in inodes {
         if i.kind != Kind::Dir || orphans.contains(ino) {
             continue;
         }
@@ -103,6 +126,14 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             findings.push(format!("directory {ino} is in a cycle"));
         }
     }
+}
+
+/// Content chunks belong to files and lie within their sizes.
+fn chunks(
+    r: &ReadTxn,
+    inodes: &HashMap<u64, crate::store::Inode>,
+    findings: &mut Vec<String>,
+) -> Result<(), StoreError> {
     let mut chunk_bytes: HashMap<u64, u64> = HashMap::new();
     for (ino, idx, len) in r.all_chunks()? {
         match inodes.get(&ino) {
@@ -126,8 +157,12 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
         }
         *chunk_bytes.entry(ino).or_default() += len;
     }
-    // Blob references: each blob is counted once per filemap entry and once per history
-    // before-image that keeps it; nothing else exists and nothing is missing.
+    Ok(())
+}
+
+/// Blob references: each blob is counted once per filemap entry and once per history
+/// before-image that keeps it; nothing else exists and nothing is missing.
+fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreError> {
     let (counts, blob_ids) = r.blob_accounting()?;
     let mut want: HashMap<u64, u64> = HashMap::new();
     for (_, _, b) in r.all_filemap()? {
@@ -174,6 +209,11 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             findings.push(format!("blob {b} is stored but nothing refers to it"));
         }
     }
+    Ok(())
+}
+
+/// Chunks whose content does not match its checksum, by path where a file holds them.
+fn damaged_chunks(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreError> {
     let damaged: HashSet<u64> = r.damaged_blobs()?.into_iter().collect();
     if !damaged.is_empty() {
         let mut named = HashSet::new();
@@ -192,18 +232,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
             ));
         }
     }
-    findings.extend(over_limits(r, &inodes, &dirents)?);
-    let usage = r.usage()?;
-    let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
-    let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
-    let bytes: u64 = inodes.values().map(|i| i.size).sum();
-    if usage.files != files || usage.dirs != dirs || usage.content_bytes != bytes {
-        findings.push(format!(
-            "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dirs}, {bytes}",
-            usage.files, usage.dirs, usage.content_bytes
-        ));
-    }
-    Ok(findings)
+    Ok(())
 }
 
 /// Where the store exceeds the limits it records for itself (a store built before a limit

@@ -558,33 +558,8 @@ fn run_daemon_inner(
     let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
     prepare_mountpoint(&mp, created)?;
     let fuse_device = open_fuse_device()?;
-    let (store, limits) = open_store(&store_path, &req.limits, created)?;
-    // The session's write-ahead log (the first commit made it): closing the store removes it,
-    // and so does a failed attempt.
-    created.record(&crate::store::wal::path_of(&store_path));
-    let recorded = store
-        .read()
-        .and_then(|r| r.meta_u64("keep_history"))
-        .map_err(|e| e.to_string())?;
-    match (req.keep_history, recorded) {
-        (Some(k), _) => store.set_keep_history(k).map_err(|e| e.to_string())?,
-        (None, None) => store
-            .set_keep_history(DEFAULT_KEEP_HISTORY_NS)
-            .map_err(|e| e.to_string())?,
-        (None, Some(_)) => {}
-    }
-    let fs = Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?);
-
-    // Signals are taken by one thread; every thread started after this inherits the mask.
-    let mut sigs = nix::sys::signal::SigSet::empty();
-    for s in [
-        nix::sys::signal::Signal::SIGINT,
-        nix::sys::signal::Signal::SIGTERM,
-        nix::sys::signal::Signal::SIGHUP,
-    ] {
-        sigs.add(s);
-    }
-    sigs.thread_block().map_err(|e| format!("sigmask: {e}"))?;
+    let fs = open_fs(req, &store_path, created)?;
+    let sigs = block_signals()?;
 
     let unmount_mp = mp.clone();
     let daemon = Arc::new(Daemon::new(
@@ -603,18 +578,7 @@ fn run_daemon_inner(
         e
     };
 
-    let signal_mp = mp.clone();
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            if let Ok(sig) = sigs.wait() {
-                tracing::info!(?sig, "unmounting on signal");
-                if let Err(e) = kernel_unmount(&signal_mp) {
-                    tracing::error!("unmount on signal failed: {e}");
-                }
-            }
-        })
-        .map_err(|e| give_back(e.to_string()))?;
+    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
 
     let source = format!("redbfs:{}", store_path.display());
     let ready_flag = ready.clone();
@@ -658,6 +622,61 @@ fn run_daemon_inner(
     served.map_err(|e| format!("serving the mount failed: {e}"))?;
     tracing::info!("unmounted; store closed");
     Ok(())
+}
+
+/// Opens the store (recording what it creates) with the history retention asked for or
+/// recorded, and the filesystem over it.
+fn open_fs(
+    req: &MountRequest,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<Arc<Fs>, String> {
+    let (store, limits) = open_store(store_path, &req.limits, created)?;
+    // The session's write-ahead log (the first commit made it): closing the store removes it,
+    // and so does a failed attempt.
+    created.record(&crate::store::wal::path_of(store_path));
+    let recorded = store
+        .read()
+        .and_then(|r| r.meta_u64("keep_history"))
+        .map_err(|e| e.to_string())?;
+    match (req.keep_history, recorded) {
+        (Some(k), _) => store.set_keep_history(k).map_err(|e| e.to_string())?,
+        (None, None) => store
+            .set_keep_history(DEFAULT_KEEP_HISTORY_NS)
+            .map_err(|e| e.to_string())?,
+        (None, Some(_)) => {}
+    }
+    Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread, and so in every thread started after
+/// it: one thread takes them (`unmount_on_signal`).
+fn block_signals() -> Result<nix::sys::signal::SigSet, String> {
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    for s in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGHUP,
+    ] {
+        sigs.add(s);
+    }
+    sigs.thread_block().map_err(|e| format!("sigmask: {e}"))?;
+    Ok(sigs)
+}
+
+/// A thread that unmounts `mp` when one of `sigs` arrives.
+fn unmount_on_signal(sigs: nix::sys::signal::SigSet, mp: PathBuf) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = sigs.wait() {
+                tracing::info!(?sig, "unmounting on signal");
+                if let Err(e) = kernel_unmount(&mp) {
+                    tracing::error!("unmount on signal failed: {e}");
+                }
+            }
+        })
+        .map(drop)
 }
 
 /// Drops the last reference to the filesystem so redb closes the file cleanly; otherwise the

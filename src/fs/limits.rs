@@ -1,0 +1,176 @@
+//! The limits every path in must keep: file size, the quota (counting what open files have
+//! buffered), the daemon's buffer memory, and the path rules of a new or moved entry.
+
+use super::*;
+
+impl Fs {
+    pub(super) fn check_file_size(&self, size: u64) -> Result<()> {
+        if size > self.limits.max_file_bytes {
+            return Err(Error::FileTooBig {
+                limit: self.limits.max_file_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts an open file growing to `new_size` against `--quota`, before the growth is
+    /// accepted: committed content plus what every open file has buffered beyond its
+    /// committed size (five files open at once each took 900 KB under a 1 MB quota when only
+    /// committed bytes counted). The file's share is held in `g.reserved` until its commit.
+    pub(super) fn reserve(&self, g: &mut OpenFile, new_size: u64) -> Result<()> {
+        let limit = self.limits.quota_bytes;
+        let extra = new_size
+            .saturating_sub(g.committed_size)
+            .saturating_sub(g.reserved);
+        if limit == 0 || extra == 0 {
+            return Ok(());
+        }
+        let total = self.reserved.fetch_add(extra, Ordering::AcqRel) + extra;
+        let used = match self.store.read().and_then(|r| r.usage()) {
+            Ok(u) => u.content_bytes,
+            Err(e) => {
+                self.reserved.fetch_sub(extra, Ordering::AcqRel);
+                return Err(e.into());
+            }
+        };
+        if used.saturating_add(total) > limit {
+            self.reserved.fetch_sub(extra, Ordering::AcqRel);
+            return Err(Error::QuotaExceeded { limit });
+        }
+        g.reserved += extra;
+        Ok(())
+    }
+
+    /// Counts `g`'s buffer memory after a change; past `--max-buffer` for all open files
+    /// together, this file's buffer moves to its spill file (the writer that crosses the
+    /// bound pays, so memory stays within the bound plus one write).
+    pub(super) fn account(&self, g: &mut OpenFile) -> Result<()> {
+        let now = g.buffered_bytes() as u64;
+        let before = g.accounted as u64;
+        let total = if now >= before {
+            self.buffered.fetch_add(now - before, Ordering::AcqRel) + (now - before)
+        } else {
+            self.buffered.fetch_sub(before - now, Ordering::AcqRel) - (before - now)
+        };
+        g.accounted = now as usize;
+        if total > self.limits.max_buffer_bytes {
+            let dir = self
+                .store
+                .path()
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."))
+                .to_path_buf();
+            g.spill(&dir)?;
+            self.buffered.fetch_sub(now, Ordering::AcqRel);
+            g.accounted = 0;
+        }
+        Ok(())
+    }
+
+    /// Gives back an open file's share of the quota: its content is committed (and counted
+    /// in the store's usage) or dropped.
+    pub(super) fn unreserve(&self, g: &mut OpenFile) {
+        if g.reserved > 0 {
+            self.reserved.fetch_sub(g.reserved, Ordering::AcqRel);
+            g.reserved = 0;
+        }
+    }
+
+    /// Checks that a new entry `name` under `parent` keeps within the path limits and, for a
+    /// new inode (`moving` is None), that the store may hold one more; `moving` is the inode a
+    /// rename brings there, which may differ from its old name only in case.
+    pub(super) fn check_new_entry(
+        &self,
+        w: &WriteTxn<'_>,
+        parent: u64,
+        name: &Name,
+        moving: Option<u64>,
+    ) -> Result<()> {
+        let (bytes, depth) = self.path_cost(w, parent, name.as_str())?;
+        self.check_path(bytes, depth)?;
+        if self.limits.names == NameRules::Portable {
+            let folded = name.fold_case();
+            let clash = w.list(parent, usize::MAX)?.into_iter().any(|e| {
+                Some(e.ino) != moving
+                    && e.name != name.as_str()
+                    && name::fold_case(&e.name) == folded
+            });
+            if clash {
+                return Err(Error::Name(NameError::PortableCaseClash));
+            }
+        }
+        if moving.is_none() {
+            let u = w.usage()?;
+            if u.files + u.dirs >= self.limits.max_files {
+                return Err(Error::TooManyFiles {
+                    limit: self.limits.max_files,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes ("/a/b" is 4) and levels of the path of `name` under `parent`; the walk up
+    /// stops one level past the depth limit (a deeper chain is refused anyway).
+    pub(super) fn path_cost(
+        &self,
+        w: &WriteTxn<'_>,
+        parent: u64,
+        name: &str,
+    ) -> Result<(usize, usize)> {
+        let mut bytes = name.len() + 1;
+        let mut depth = 1;
+        let mut cur = parent;
+        while cur != ROOT_INO && depth <= self.limits.max_depth {
+            let i = w.inode(cur)?.ok_or(Error::NotFound)?;
+            bytes += i.name.len() + 1;
+            depth += 1;
+            cur = i.parent;
+        }
+        Ok((bytes, depth))
+    }
+
+    pub(super) fn check_path(&self, bytes: usize, depth: usize) -> Result<()> {
+        if depth > self.limits.max_depth {
+            return Err(Error::TooDeep {
+                depth,
+                limit: self.limits.max_depth,
+            });
+        }
+        if bytes > self.limits.max_path_bytes {
+            return Err(Error::PathTooLong {
+                bytes,
+                limit: self.limits.max_path_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// A directory moving from (`old_bytes`, `old_depth`) to a longer or deeper place: every
+    /// entry under it must stay within the path limits there. A walk of the subtree, done
+    /// only when the move goes deeper or longer (a subtree that was within the limits stays
+    /// within them otherwise), iterative, and bounded by the store's entries.
+    pub(super) fn check_moved_subtree(
+        &self,
+        w: &WriteTxn<'_>,
+        dir: u64,
+        (old_bytes, old_depth): (usize, usize),
+        (new_bytes, new_depth): (usize, usize),
+    ) -> Result<()> {
+        if new_bytes <= old_bytes && new_depth <= old_depth {
+            return Ok(());
+        }
+        let mut stack = vec![(dir, new_bytes, new_depth)];
+        while let Some((ino, bytes, depth)) = stack.pop() {
+            for e in w.list(ino, usize::MAX)? {
+                let (b, d) = (bytes + e.name.len() + 1, depth + 1);
+                self.check_path(b, d)?;
+                if e.kind == Kind::Dir {
+                    stack.push((e.ino, b, d));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,367 @@
+//! Open files: handles over per-inode buffered content, committed whole at flush, fsync or the
+//! last release; lost-update checks on open and replace; reclaiming an unused orphan.
+
+use super::*;
+
+impl Fs {
+    /// Registers one more user of `ino`'s buffered content.
+    pub(super) fn acquire(&self, ino: u64) -> Result<Arc<FileSlot>> {
+        let mut map = lock(&self.files);
+        let f = match map.get(&ino) {
+            Some(f) => f.clone(),
+            None => {
+                // A deletion is decided under the map lock: one staged now is not committed
+                // yet, and the store would still show the inode.
+                if self.lifetimes.is_deleting(ino) {
+                    return Err(Error::NotFound);
+                }
+                let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+                if inode.kind == Kind::Dir {
+                    return Err(Error::IsDir);
+                }
+                let f = Arc::new(FileSlot::new(ino, inode.size));
+                // An orphan the kernel still references (opened through a held dentry).
+                f.unlinked.store(inode.nlink == 0, Ordering::Release);
+                map.insert(ino, f.clone());
+                f
+            }
+        };
+        f.handles.fetch_add(1, Ordering::AcqRel);
+        Ok(f)
+    }
+
+    /// Drops one user of an open file: the last one commits what is buffered and leaves, and
+    /// the last release of an unlinked file reclaims its space.
+    pub(super) fn release_file(&self, f: &Arc<FileSlot>) {
+        loop {
+            let res = if f.handles.load(Ordering::Acquire) == 1 {
+                self.commit_file(f, &mut lock(&f.content))
+            } else {
+                Ok(())
+            };
+            if let Err(e) = &res {
+                tracing::error!(ino = f.ino, error = %e, "content could not be committed at release");
+            }
+            let mut map = lock(&self.files);
+            if f.handles.load(Ordering::Acquire) > 1 {
+                f.handles.fetch_sub(1, Ordering::AcqRel);
+                return;
+            }
+            // The last user leaves only with nothing buffered, or the next open would read the
+            // store without it. The content lock is only tried: it is never awaited under the
+            // map lock.
+            let settled = match f.content.try_lock() {
+                Ok(g) => !g.changed || res.is_err() || f.unlinked.load(Ordering::Acquire),
+                Err(std::sync::TryLockError::Poisoned(_)) => true,
+                Err(std::sync::TryLockError::WouldBlock) => false,
+            };
+            if !settled {
+                // A write slipped in meanwhile: commit again.
+                drop(map);
+                std::thread::yield_now();
+                continue;
+            }
+            f.handles.store(0, Ordering::Release);
+            if map.get(&f.ino).is_some_and(|g| Arc::ptr_eq(g, f)) {
+                map.remove(&f.ino);
+            }
+            drop(map);
+            // What the buffer still holds (an unlinked file's, or one whose commit failed)
+            // goes with the slot: its memory and quota share are given back.
+            {
+                let mut g = lock(&f.content);
+                self.unreserve(&mut g);
+                self.buffered
+                    .fetch_sub(g.accounted as u64, Ordering::AcqRel);
+                g.accounted = 0;
+            }
+            if f.unlinked.load(Ordering::Acquire) {
+                self.reclaim_if_unused(f.ino);
+            }
+            return;
+        }
+    }
+
+    /// Whether a handle holds `ino` open. Called with the files map locked.
+    pub(super) fn is_open(&self, files: &HashMap<u64, Arc<FileSlot>>, ino: u64) -> bool {
+        files.contains_key(&ino) || lock(&self.dirs).values().any(|d| d.ino == ino)
+    }
+
+    /// Deletes an orphan once neither a kernel reference nor a handle holds it: at its last
+    /// FORGET, release or releasedir. Not durable by itself: a crash before the next durable
+    /// commit leaves the orphan mark, and the next mount reclaims it.
+    pub(super) fn reclaim_if_unused(&self, ino: u64) {
+        let go = {
+            let files = lock(&self.files);
+            let open = self.is_open(&files, ino);
+            self.lifetimes.start_reclaim(ino, open)
+        };
+        if !go {
+            return;
+        }
+        let r = self.writable().and_then(|()| {
+            let mut w = self.store.write()?;
+            let Some(inode) = w.inode(ino)?.filter(|i| i.nlink == 0) else {
+                // The removal that made it an orphan did not commit.
+                return Ok(false);
+            };
+            // Named by the path the inode had, so that path's history (redact, log PATH)
+            // finds the content this record keeps for rollback.
+            self.describe(
+                &mut w,
+                Caller::default(),
+                "reclaim",
+                ino,
+                |w| vec![self.path_in(w, inode.parent, &inode.name)],
+                inode.size,
+                0,
+            );
+            w.delete_inode(ino)?;
+            self.commit(w, Sync::Deferred)?;
+            Ok(true)
+        });
+        if let Err(e) = &r {
+            tracing::error!(ino, error = %e, "could not reclaim an unlinked inode; the next mount will");
+        }
+        let deleted = r.unwrap_or(false);
+        self.lifetimes.deleted(ino, deleted);
+        if deleted {
+            self.tracker.deleted(ino);
+        }
+    }
+
+    /// Commits an open file's buffered content durably. Lock order: the content lock (held
+    /// by the caller) before the store's write lock.
+    pub(super) fn commit_file(&self, f: &FileSlot, g: &mut OpenFile) -> Result<()> {
+        if !g.changed || f.unlinked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.writable()?;
+        let mut w = self.store.write()?;
+        self.describe(
+            &mut w,
+            g.last_writer,
+            "write",
+            g.ino,
+            |w| vec![self.ino_path_in(w, g.ino)],
+            g.committed_size,
+            g.size,
+        );
+        let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
+        g.stage(&mut w)?;
+        // Under the write lock, so a replace checked after this commit sees it.
+        if let Some(i) = w.inode(g.ino)? {
+            self.tracker
+                .wrote(g.last_writer.pid, g.ino, i.parent, &i.name);
+        }
+        self.commit(w, Sync::Durable)?;
+        g.committed();
+        self.unreserve(g);
+        self.account(g)?;
+        if large {
+            return_freed_memory();
+        }
+        Ok(())
+    }
+
+    pub fn open(&self, caller: Caller, ino: u64, mode: OpenMode) -> Result<u64> {
+        if mode.write || mode.truncate {
+            self.writable()?;
+        }
+        let f = self.acquire(ino)?;
+        let stored = match self.store.read().and_then(|r| r.inode(ino)) {
+            Ok(i) => i,
+            Err(e) => {
+                self.release_file(&f);
+                return Err(e.into());
+            }
+        };
+        if let Some(i) = &stored {
+            if mode.truncate
+                && let Some(c) = self.tracker.check(caller.pid, ino, i.parent, &i.name)
+                && let Err(e) = self.lost_update(caller, "truncate", i.parent, &i.name, &c, None)
+            {
+                self.release_file(&f);
+                return Err(e);
+            }
+            if mode.read {
+                self.tracker.read(caller.pid, ino, i.parent, &i.name);
+            }
+        }
+        // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
+        if mode.truncate {
+            let mut g = lock(&f.content);
+            g.last_writer = caller;
+            if g.size != 0
+                && let Err(e) = g
+                    .truncate(&self.store, 0, now_ns())
+                    .and_then(|()| self.account(&mut g))
+            {
+                drop(g);
+                self.release_file(&f);
+                return Err(e);
+            }
+        }
+        let fh = self.new_fh();
+        lock(&self.handles).insert(fh, Handle { file: f, mode });
+        if let Some(i) = stored
+            && let Err(e) = self.refresh_atime(i)
+        {
+            crate::warn_limited!(ino, error = %e, "could not update the access time");
+        }
+        Ok(fh)
+    }
+
+    /// A replace (`op`) of `name` in `parent` by `caller` would lose another process's edit:
+    /// one warn line, the count, and the history record (`w`, the replace's own transaction,
+    /// in `record` mode; a record of its own when refused or when the replace has none).
+    /// Err(LostUpdate) when the mode is `refuse`.
+    pub(super) fn lost_update(
+        &self,
+        caller: Caller,
+        op: &'static str,
+        parent: u64,
+        name: &str,
+        c: &Conflict,
+        w: Option<&mut WriteTxn<'_>>,
+    ) -> Result<()> {
+        let refuse = self.tracker.mode() == LostUpdates::Refuse;
+        self.tracker.counted();
+        let path = self.path_of(parent);
+        let path = format!("{}/{name}", path.trim_end_matches('/'));
+        let note = format!(
+            "conflict: {}{}",
+            c.describe(),
+            if refuse { " (refused)" } else { "" }
+        );
+        tracing::warn!(
+            op,
+            path,
+            replacer = c.replacer,
+            maker = c.maker,
+            refused = refuse,
+            "lost update: {}",
+            c.describe()
+        );
+        match w {
+            Some(w) if !refuse => {
+                w.note_conflict(note);
+            }
+            _ if self.store.history_on() => {
+                let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+                    self.describe(&mut w, caller, op, 0, |_| vec![path.clone()], 0, 0);
+                    w.note_conflict(note);
+                    self.commit(w, Sync::Deferred)
+                });
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "could not record the conflict in the history");
+                }
+            }
+            _ => {}
+        }
+        if refuse {
+            Err(Error::LostUpdate { maker: c.maker })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Conflicts (lost updates recorded or refused) since mount, for status.
+    pub fn conflicts(&self) -> u64 {
+        self.tracker.conflicts()
+    }
+
+    /// Moves atime to now if it is more than `ATIME_INTERVAL_NS` old (deferred commit).
+    pub(super) fn refresh_atime(&self, stored: Inode) -> Result<()> {
+        let now = now_ns();
+        let stale = |i: &Inode| now - i.atime > ATIME_INTERVAL_NS;
+        if self.is_poisoned() || !stale(&stored) {
+            return Ok(());
+        }
+        let mut w = self.store.write()?;
+        // Access times are not history: they would bury the changes that matter.
+        w.without_history();
+        if let Some(mut i) = w.inode(stored.ino)?.filter(stale) {
+            i.atime = now;
+            w.put_inode(&i)?;
+            self.commit(w, Sync::Deferred)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn handle(&self, fh: u64) -> Result<(Arc<FileSlot>, OpenMode)> {
+        lock(&self.handles)
+            .get(&fh)
+            .map(|h| (h.file.clone(), h.mode))
+            .ok_or(Error::BadHandle)
+    }
+
+    pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let (f, _) = self.handle(fh)?;
+        let g = lock(&f.content);
+        g.read(&self.store, offset, len)
+    }
+
+    pub fn write(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.writable()?;
+        let (f, mode) = self.handle(fh)?;
+        if !mode.write {
+            return Err(Error::BadHandle);
+        }
+        let mut g = lock(&f.content);
+        let offset = if mode.append { g.size } else { offset };
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or(Error::FileTooBig {
+                limit: self.limits.max_file_bytes,
+            })?;
+        self.check_file_size(end)?;
+        if end > g.size {
+            self.reserve(&mut g, end)?;
+        }
+        g.last_writer = caller;
+        g.write(&self.store, offset, data, now_ns())?;
+        self.account(&mut g)?;
+        Ok(data.len() as u32)
+    }
+
+    /// close(2) of one descriptor: commits the file's buffered content durably.
+    pub fn flush(&self, fh: u64) -> Result<()> {
+        let (f, _) = self.handle(fh)?;
+        let mut g = lock(&f.content);
+        self.commit_file(&f, &mut g)?;
+        drop(g);
+        // A file created and closed without a write (even one created O_RDONLY) becomes
+        // durable here.
+        self.sync_creation(&f)
+    }
+
+    pub fn fsync(&self, fh: u64) -> Result<()> {
+        let (f, _) = self.handle(fh)?;
+        let mut g = lock(&f.content);
+        self.commit_file(&f, &mut g)?;
+        drop(g);
+        self.sync_creation(&f)
+    }
+
+    /// Makes the commit that created `f` durable, if it is not yet: only that one, so a
+    /// close does not pay an fsync for what other processes committed meanwhile.
+    pub(super) fn sync_creation(&self, f: &FileSlot) -> Result<()> {
+        let seq = f.created_in.load(Ordering::Acquire);
+        if seq != 0 {
+            self.store.sync_to(seq)?;
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, fh: u64) -> Result<()> {
+        let h = lock(&self.handles).remove(&fh).ok_or(Error::BadHandle)?;
+        self.release_file(&h.file);
+        Ok(())
+    }
+
+    /// fsync of a directory: every namespace change is durable already, except creates.
+    pub fn fsyncdir(&self) -> Result<()> {
+        Ok(self.store.sync()?)
+    }
+}

@@ -1,0 +1,135 @@
+//! Removing a last name: unlink and rmdir. An inode the kernel still references or a handle
+//! holds becomes an orphan; otherwise it is deleted in the same transaction.
+
+use super::*;
+
+impl Fs {
+    /// Decides what removing the last name of `ino` (a file or a directory) does; see
+    /// `Removal`.
+    pub(super) fn claim_removal(&self, ino: u64) -> Removal {
+        // Short locks only: this runs under the store's write lock, so it must never wait for
+        // a content lock (a commit holds that while it waits for the write lock).
+        let files = lock(&self.files);
+        let open = self.is_open(&files, ino);
+        match self.lifetimes.claim(ino, open) {
+            Claim::Orphan => {
+                let slot = files.get(&ino).cloned();
+                if let Some(f) = &slot {
+                    f.unlinked.store(true, Ordering::Release);
+                }
+                Removal::Orphan(slot)
+            }
+            Claim::Delete => Removal::Delete,
+        }
+    }
+
+    /// Stages the removal in `w`: an orphan mark (nlink 0, as ext4 shows an unlinked open
+    /// file), or deletion.
+    pub(super) fn stage_removal(w: &mut WriteTxn<'_>, ino: u64, removal: &Removal) -> Result<()> {
+        match removal {
+            Removal::Orphan(_) => {
+                let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
+                inode.nlink = 0;
+                inode.ctime = now_ns();
+                w.put_inode(&inode)?;
+                w.add_orphan(ino)?;
+            }
+            Removal::Delete => w.delete_inode(ino)?,
+        }
+        Ok(())
+    }
+
+    /// After the removal's transaction: undoes the claim if it did not commit; an orphan
+    /// whose last reference went meanwhile is reclaimed now.
+    pub(super) fn finish_removal(&self, ino: u64, removal: Removal, committed: bool) {
+        match removal {
+            Removal::Orphan(slot) => {
+                if committed {
+                    self.reclaim_if_unused(ino);
+                } else {
+                    if let Some(f) = slot {
+                        f.unlinked.store(false, Ordering::Release);
+                    }
+                    self.lifetimes.unclaim(ino);
+                }
+            }
+            Removal::Delete => {
+                self.lifetimes.deleted(ino, committed);
+                if committed {
+                    self.tracker.deleted(ino);
+                }
+            }
+        }
+    }
+
+    pub fn unlink(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
+        self.writable()?;
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        if kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        let size = w.inode(ino)?.map_or(0, |i| i.size);
+        self.describe(
+            &mut w,
+            caller,
+            "unlink",
+            ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            size,
+            0,
+        );
+        let removal = self.claim_removal(ino);
+        let staged = (|| {
+            w.remove_dirent(parent, name.as_str())?;
+            Self::stage_removal(&mut w, ino, &removal)?;
+            let now = now_ns();
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(&p)?;
+            Ok(())
+        })();
+        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+        self.finish_removal(ino, removal, res.is_ok());
+        res
+    }
+
+    pub fn rmdir(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
+        self.writable()?;
+        let name = self.parse_name(raw_name)?;
+        let mut w = self.store.write()?;
+        let mut p = Self::parent_dir(&w, parent)?;
+        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+        if kind != Kind::Dir {
+            return Err(Error::NotDir);
+        }
+        if !w.list(ino, 1)?.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        self.describe(
+            &mut w,
+            caller,
+            "rmdir",
+            ino,
+            |w| vec![self.path_in(w, parent, name.as_str())],
+            0,
+            0,
+        );
+        let removal = self.claim_removal(ino);
+        let staged = (|| {
+            w.remove_dirent(parent, name.as_str())?;
+            Self::stage_removal(&mut w, ino, &removal)?;
+            let now = now_ns();
+            p.nlink -= 1;
+            p.mtime = now;
+            p.ctime = now;
+            w.put_inode(&p)?;
+            Ok(())
+        })();
+        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+        self.finish_removal(ino, removal, res.is_ok());
+        res
+    }
+}
