@@ -17,6 +17,7 @@ use super::redo::{redo_del, redo_put};
 use super::schema::*;
 use super::{Store, StoreError, Usage, corrupt, map_err};
 
+/// The net change this transaction makes to the usage counts, added to `meta` at commit.
 #[derive(Default)]
 pub(super) struct UsageDelta {
     pub(super) files: i64,
