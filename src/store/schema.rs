@@ -37,7 +37,9 @@
 //! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
 //! in ns; 0 = history off), "log_seq" u64 (the number of the last commit, the sequence number
 //! of its write-ahead log record), "log_id" u64 (the id of the log the records after the last
-//! durable commit are in; see `wal`).
+//! durable commit are in; see `wal`), "files", "dirs" and "content_bytes" u64 (the usage counts:
+//! files, directories and bytes of file content, updated by every commit that changes them),
+//! "last_commit" i64 (when the last transaction committed, ns since the epoch).
 //!
 //! # Inode record, version 1 (little-endian)
 //!
@@ -97,6 +99,10 @@ pub(crate) const META_HISTORY_NEXT: &str = "history_next";
 pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
 pub(crate) const META_LOG_SEQ: &str = "log_seq";
 pub(crate) const META_LOG_ID: &str = "log_id";
+pub(crate) const META_FILES: &str = "files";
+pub(crate) const META_DIRS: &str = "dirs";
+pub(crate) const META_CONTENT_BYTES: &str = "content_bytes";
+pub(crate) const META_LAST_COMMIT: &str = "last_commit";
 
 const INODE_RECORD_VERSION: u8 = 1;
 const INODE_FIXED_LEN: usize = 68;

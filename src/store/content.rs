@@ -1,0 +1,290 @@
+//! File content: chunks stored as immutable blobs, the filemap that points at them, their
+//! reference counts, redaction, and the content checks `check` runs.
+//!
+//! Invariant kept here: a blob is never rewritten (only redacted to empty); a blob's count is
+//! its filemap entries plus the history before-images that name it, written once per commit
+//! as a net change, and the blob is deleted when that count reaches 0.
+
+use std::collections::HashMap;
+
+use redb::ReadableTable;
+
+use super::read::ReadTxn;
+use super::redo::{redo_del, redo_put};
+use super::schema::*;
+use super::write::WriteTxn;
+use super::{StoreError, corrupt, map_err, schema};
+
+fn chunk_in(
+    map: &impl ReadableTable<(u64, u64), u64>,
+    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    ino: u64,
+    idx: u64,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(blob) = map.get((ino, idx)).map_err(map_err)?.map(|v| v.value()) else {
+        return Ok(None);
+    };
+    match blobs.get(blob).map_err(map_err)? {
+        Some(v) => match schema::decode_blob(v.value()) {
+            Some(data) => Ok(Some(data.to_vec())),
+            None => Err(StoreError::Checksum { ino, idx, blob }),
+        },
+        None => Err(StoreError::Corrupt(format!(
+            "chunk {idx} of inode {ino} points to missing blob {blob}"
+        ))),
+    }
+}
+
+impl ReadTxn {
+    /// Reads chunks `first..first+count` of `ino`; a hole is `None`.
+    pub fn chunks(
+        &self,
+        ino: u64,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        (first..first + count)
+            .map(|i| chunk_in(&map, &blobs, ino, i))
+            .collect()
+    }
+
+    /// (chunk index, blob id) of `ino`'s content.
+    pub fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut v = Vec::new();
+        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+            let (k, b) = item.map_err(map_err)?;
+            v.push((k.value().1, b.value()));
+        }
+        Ok(v)
+    }
+
+    /// Whether `redact` erased any blob of `ino`'s current content.
+    pub fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let red = self.tx.open_table(REDACTED).map_err(map_err)?;
+        for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+            if red
+                .get(item.map_err(map_err)?.1.value())
+                .map_err(map_err)?
+                .is_some()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every blob's reference count, and the blob ids that exist (for check).
+    pub fn blob_accounting(&self) -> Result<(HashMap<u64, u64>, Vec<u64>), StoreError> {
+        let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let mut counts = HashMap::new();
+        for item in refs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            counts.insert(k.value(), v.value());
+        }
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut ids = Vec::new();
+        for item in blobs.iter().map_err(map_err)? {
+            ids.push(item.map_err(map_err)?.0.value());
+        }
+        Ok((counts, ids))
+    }
+
+    /// Every (ino, chunk index, blob id) of current content (for check).
+    pub fn all_filemap(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in map.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, idx) = k.value();
+            out.push((ino, idx, v.value()));
+        }
+        Ok(out)
+    }
+
+    /// Blobs whose content does not match its checksum (for check).
+    pub fn damaged_blobs(&self) -> Result<Vec<u64>, StoreError> {
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in blobs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            if schema::decode_blob(v.value()).is_none() {
+                out.push(k.value());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every (ino, chunk index, blob length) in key order (for check and tools).
+    pub fn all_chunks(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in map.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, idx) = k.value();
+            let len = blobs
+                .get(v.value())
+                .map_err(map_err)?
+                .map(|b| b.value().len().saturating_sub(4) as u64)
+                .ok_or_else(|| corrupt("blob", ino))?;
+            out.push((ino, idx, len));
+        }
+        Ok(out)
+    }
+}
+
+impl WriteTxn<'_> {
+    pub fn chunk(&self, ino: u64, idx: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        chunk_in(&map, &blobs, ino, idx)
+    }
+
+    /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
+    /// (or kept by history).
+    pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
+        self.put_chunks(ino, [(idx, data)])
+    }
+
+    /// Stores chunks of `ino` (index, content) as new blobs: one range of blob ids and one
+    /// open of the blob table for all of them.
+    pub fn put_chunks<'d>(
+        &mut self,
+        ino: u64,
+        chunks: impl IntoIterator<Item = (u64, &'d [u8])> + Clone,
+    ) -> Result<(), StoreError> {
+        let n = chunks.clone().into_iter().count() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let first = self.next_counters(META_NEXT_BLOB, n)?;
+        self.new_blobs.push(first..first + n);
+        {
+            let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            for (blob, (_, data)) in (first..).zip(chunks.clone()) {
+                self.written += data.len() as u64;
+                let raw = schema::encode_blob(data);
+                blobs.insert(blob, raw.as_slice()).map_err(map_err)?;
+                redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
+            }
+        }
+        for (blob, (idx, _)) in (first..).zip(chunks) {
+            self.set_filemap(ino, idx, Some(blob))?;
+        }
+        Ok(())
+    }
+
+    /// Removes chunks `first..` of `ino`.
+    pub fn remove_chunks_from(&mut self, ino: u64, first: u64) -> Result<(), StoreError> {
+        let idxs: Vec<u64> = {
+            let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in map.range((ino, first)..=(ino, u64::MAX)).map_err(map_err)? {
+                v.push(item.map_err(map_err)?.0.value().1);
+            }
+            v
+        };
+        for idx in idxs {
+            self.set_filemap(ino, idx, None)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn blob_ref(&mut self, blob: u64) {
+        *self.ref_deltas.entry(blob).or_default() += 1;
+    }
+
+    pub(super) fn blob_unref(&mut self, blob: u64) {
+        *self.ref_deltas.entry(blob).or_default() -= 1;
+    }
+
+    /// Writes the net reference changes: a blobrefs entry only for counts of 2 or more (a
+    /// blob without one has exactly one reference), and a blob that reaches 0 is deleted.
+    pub(super) fn apply_ref_deltas(&mut self) -> Result<(), StoreError> {
+        let deltas = std::mem::take(&mut self.ref_deltas);
+        if deltas.values().all(|&d| d == 0) {
+            return Ok(());
+        }
+        let mut refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let mut gone = Vec::new();
+        for (blob, d) in deltas {
+            if d == 0 {
+                continue;
+            }
+            let stored = refs.get(blob).map_err(map_err)?.map(|v| v.value());
+            let base = match stored {
+                Some(n) => n as i64,
+                None if self.new_blobs.iter().any(|r| r.contains(&blob)) => 0,
+                None => 1,
+            };
+            match base + d {
+                n if n <= 0 => {
+                    if n < 0 {
+                        return Err(StoreError::Corrupt(format!(
+                            "blob {blob} would have {n} references"
+                        )));
+                    }
+                    if stored.is_some() {
+                        refs.remove(blob).map_err(map_err)?;
+                        redo_del(&self.redo, BLOBREFS, &blob);
+                    }
+                    gone.push(blob);
+                }
+                1 => {
+                    if stored.is_some() {
+                        refs.remove(blob).map_err(map_err)?;
+                        redo_del(&self.redo, BLOBREFS, &blob);
+                    }
+                }
+                n => {
+                    refs.insert(blob, n as u64).map_err(map_err)?;
+                    redo_put(&self.redo, BLOBREFS, &blob, &(n as u64));
+                }
+            }
+        }
+        drop(refs);
+        if !gone.is_empty() {
+            let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            let mut redacted = self.tx.open_table(REDACTED).map_err(map_err)?;
+            for blob in gone {
+                blobs.remove(blob).map_err(map_err)?;
+                redacted.remove(blob).map_err(map_err)?;
+                redo_del(&self.redo, BLOBS, &blob);
+                redo_del(&self.redo, REDACTED, &blob);
+            }
+        }
+        Ok(())
+    }
+
+    /// Erases a blob's bytes, keeping its id so records and references stay valid.
+    pub fn redact_blob(&mut self, blob: u64) -> Result<bool, StoreError> {
+        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        if blobs.get(blob).map_err(map_err)?.is_none() {
+            return Ok(false);
+        }
+        blobs.insert(blob, [].as_slice()).map_err(map_err)?;
+        self.tx
+            .open_table(REDACTED)
+            .map_err(map_err)?
+            .insert(blob, ())
+            .map_err(map_err)?;
+        redo_put(&self.redo, BLOBS, &blob, &[].as_slice());
+        redo_put(&self.redo, REDACTED, &blob, &());
+        Ok(true)
+    }
+
+    /// Whether blob `blob` exists.
+    pub fn blob_exists(&self, blob: u64) -> Result<bool, StoreError> {
+        Ok(self
+            .tx
+            .open_table(BLOBS)
+            .map_err(map_err)?
+            .get(blob)
+            .map_err(map_err)?
+            .is_some())
+    }
+}

@@ -1,0 +1,358 @@
+//! Opening a store: creating it, verifying (or migrating) its format, applying what its
+//! write-ahead log holds beyond the last checkpoint, and closing it with a final checkpoint.
+//!
+//! Invariant kept here: nothing commits before recovery has applied the log, and the log is
+//! removed only after a checkpoint that covers every record in it succeeded.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use redb::{Database, ReadableTable};
+
+use super::redo::replay;
+use super::schema::*;
+use super::{CACHE_BYTES, Store, StoreError, Sync, disk, fault, map_err, now_ns, schema, sim, wal};
+
+impl Store {
+    /// Opens the store at `path`, creating it (with an empty root directory owned by
+    /// `root_owner`) when the file does not exist.
+    pub fn open_or_create(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
+        Store::open_on(disk::Disk::Host, path, root_owner)
+    }
+
+    /// `open_or_create` on `disk`: the power-cut tests open stores on a simulated disk.
+    #[doc(hidden)]
+    pub fn open_on(
+        disk: disk::Disk,
+        path: &Path,
+        root_owner: (u32, u32),
+    ) -> Result<Store, StoreError> {
+        crate::private::check_store_dir(path).map_err(StoreError::Refused)?;
+        let exists = disk.exists(path);
+        let mut builder = Database::builder();
+        // Bounds the daemon's memory: the store's hot pages, not the whole file.
+        builder.set_cache_size(CACHE_BYTES);
+        let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = repaired.clone();
+        builder.set_repair_callback(move |_| flag.store(true, Ordering::Relaxed));
+        let faults = (std::env::var("REDBFS_FAULT_INJECTION").as_deref() == Ok("1"))
+            .then(|| std::sync::Arc::new(fault::FaultPlan::default()));
+        let db = Store::open_db(&builder, &disk, path, exists, faults.as_ref())?;
+        if repaired.load(Ordering::Relaxed) {
+            tracing::warn!(
+                store = %path.display(),
+                "the store was not closed cleanly (a crash or a kill): redb verified it and rolled back to its last durable commit"
+            );
+        }
+        let store = Store {
+            db,
+            faults,
+            disk,
+            path: path.to_path_buf(),
+            commits: AtomicU64::new(0),
+            wal: OnceLock::new(),
+            keep_history_ns: AtomicU64::new(0),
+            disk_free: AtomicU64::new(u64::MAX),
+            comms: Mutex::new(HashMap::new()),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        };
+        // Before anything commits: the first commit starts a new log.
+        store.recover()?;
+        store.init_or_verify(root_owner)?;
+        Ok(store)
+    }
+
+    /// Opens the redb database at `path`: on the simulated disk, through the backend that
+    /// injects faults, or as a plain file (created private when it does not exist yet).
+    fn open_db(
+        builder: &redb::Builder,
+        disk: &disk::Disk,
+        path: &Path,
+        exists: bool,
+        faults: Option<&std::sync::Arc<fault::FaultPlan>>,
+    ) -> Result<Database, StoreError> {
+        let opened = if let disk::Disk::Sim(sim) = disk {
+            let file = sim
+                .open(path, true)
+                .map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+            builder.create_with_backend(sim::SimBackend(file))
+        } else if let Some(plan) = faults {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| StoreError::Io(format!("{}: {e}", path.display())))?;
+            let inner = redb::backends::FileBackend::new(file).map_err(map_err)?;
+            builder.create_with_backend(fault::FaultyBackend {
+                inner,
+                plan: plan.clone(),
+            })
+        } else if exists {
+            builder.open(path)
+        } else {
+            // Created here, mode 0600 and O_EXCL|O_NOFOLLOW, so the file is private from its
+            // first byte whatever the umask; redb then formats it.
+            let file = crate::private::create_new(path)
+                .map_err(|e| StoreError::Refused(crate::private::describe(path, e)))?;
+            redb::backends::FileBackend::new(file).and_then(|b| builder.create_with_backend(b))
+        };
+        opened.map_err(|e| match map_err(e) {
+            StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
+            other => other,
+        })
+    }
+
+    /// Opens an existing store; refuses a missing file.
+    pub fn open_existing(path: &Path) -> Result<Store, StoreError> {
+        Store::open_existing_on(disk::Disk::Host, path)
+    }
+
+    /// `open_existing` on `disk` (see `open_on`).
+    #[doc(hidden)]
+    pub fn open_existing_on(disk: disk::Disk, path: &Path) -> Result<Store, StoreError> {
+        if !disk.exists(path) {
+            return Err(StoreError::Io(format!("{}: no such store", path.display())));
+        }
+        Store::open_on(disk, path, (0, 0))
+    }
+
+    /// Migrates a format-2 store: every blob gets its checksum, in one durable transaction.
+    fn add_checksums(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        let mut n = 0u64;
+        {
+            let mut blobs = w.tx.open_table(BLOBS).map_err(map_err)?;
+            let ids: Vec<u64> = blobs
+                .iter()
+                .map_err(map_err)?
+                .map(|item| item.map(|(k, _)| k.value()).map_err(map_err))
+                .collect::<Result<_, _>>()?;
+            for id in ids {
+                let raw = match blobs.get(id).map_err(map_err)? {
+                    // Redacted blobs stay empty.
+                    Some(v) if !v.value().is_empty() => schema::encode_blob(v.value()),
+                    _ => continue,
+                };
+                blobs.insert(id, raw.as_slice()).map_err(map_err)?;
+                n += 1;
+            }
+        }
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), chunks = n, "store format 2 migrated to 3: every content chunk now has a checksum");
+        Ok(())
+    }
+
+    fn init_or_verify(&self, root_owner: (u32, u32)) -> Result<(), StoreError> {
+        let r = self.read()?;
+        match r.meta_u64(META_FORMAT)? {
+            Some(v) if v == FORMAT_VERSION as u64 => {
+                let keep = r.meta_u64(META_KEEP_HISTORY)?.unwrap_or(0);
+                self.keep_history_ns.store(keep, Ordering::Relaxed);
+                return Ok(());
+            }
+            Some(v) if v == schema::FORMAT_WITHOUT_CHECKSUMS as u64 => {
+                drop(r);
+                self.add_checksums()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) => {
+                return Err(StoreError::UnknownFormat {
+                    path: self.path.clone(),
+                    found: v as u32,
+                });
+            }
+            None => {}
+        }
+        drop(r);
+        self.format(root_owner)
+    }
+
+    /// Formats a new store: the meta counters, every table, and the root directory.
+    fn format(&self, root_owner: (u32, u32)) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        if w.table_len_inodes()? != 0 {
+            return Err(StoreError::Corrupt(
+                "inodes exist but no format version is recorded".into(),
+            ));
+        }
+        let now = now_ns();
+        for (key, value) in [
+            (META_FORMAT, FORMAT_VERSION as u64),
+            (META_NEXT_INO, ROOT_INO + 1),
+            (META_NEXT_BLOB, 1),
+            (META_CREATED, now as u64),
+            (META_HISTORY_NEXT, 1),
+        ] {
+            w.put_meta(key, &value.to_le_bytes())?;
+        }
+        {
+            let tx = &w.tx;
+            // Create every table so read transactions never meet a missing one.
+            tx.open_table(DIRENTS).map_err(map_err)?;
+            tx.open_table(FILEMAP).map_err(map_err)?;
+            tx.open_table(BLOBS).map_err(map_err)?;
+            tx.open_table(ORPHANS).map_err(map_err)?;
+            tx.open_table(BLOBREFS).map_err(map_err)?;
+            tx.open_table(HISTORY).map_err(map_err)?;
+            tx.open_table(MARKS).map_err(map_err)?;
+            tx.open_table(REDACTED).map_err(map_err)?;
+        }
+        w.put_inode(&Inode {
+            ino: ROOT_INO,
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: root_owner.0,
+            gid: root_owner.1,
+            size: 0,
+            nlink: 2,
+            parent: ROOT_INO,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            name: String::new(),
+        })?;
+        w.commit(Sync::Durable)
+    }
+
+    /// Applies what the log holds beyond the store's last durable commit (after a crash or a
+    /// kill), durably, and removes the log.
+    fn recover(&self) -> Result<(), StoreError> {
+        let path = wal::path_of(&self.path);
+        let r = self.read()?;
+        let last = r.meta_u64(META_LOG_SEQ)?.unwrap_or(0);
+        let id = r.meta_u64(META_LOG_ID)?.unwrap_or(0);
+        drop(r);
+        self.commits.store(last, Ordering::Release);
+        if !self.disk.exists(&path) {
+            return Ok(());
+        }
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            let e = std::io::Error::from_raw_os_error(libc::ELOOP);
+            return Err(StoreError::Refused(crate::private::describe(&path, e)));
+        }
+        let todo: Vec<(u64, Vec<u8>)> = if id == 0 {
+            Vec::new()
+        } else {
+            wal::read(&self.disk, &path, id)?
+                .into_iter()
+                .filter(|(seq, _)| *seq > last)
+                .collect()
+        };
+        if let Some((first, _)) = todo.first()
+            && *first != last + 1
+        {
+            return Err(StoreError::Corrupt(format!(
+                "{} begins at commit {first}, but the store's last durable commit is {last}",
+                path.display()
+            )));
+        }
+        if let Some((upto, _)) = todo.last() {
+            let mut tx = self.db.begin_write().map_err(map_err)?;
+            for (_, payload) in &todo {
+                replay(&tx, payload)?;
+            }
+            tx.open_table(META)
+                .map_err(map_err)?
+                .insert(META_LOG_SEQ, upto.to_le_bytes().as_slice())
+                .map_err(map_err)?;
+            tx.set_durability(redb::Durability::Immediate)
+                .map_err(|e| StoreError::Io(e.to_string()))?;
+            tx.commit().map_err(map_err)?;
+            self.commits.store(*upto, Ordering::Release);
+            tracing::warn!(
+                store = %self.path.display(),
+                commits = todo.len(),
+                "recovery: applied the commits the write-ahead log holds beyond the last checkpoint"
+            );
+        }
+        // Every record is in the store now (or belongs to another session): the log is done.
+        self.disk
+            .remove(&path)
+            .map_err(|e| StoreError::Io(format!("removing {}: {e}", path.display())))
+    }
+
+    /// Makes every commit durable in the store file itself and removes the log, so the file
+    /// is complete on its own. Only when the store closes: later commits would go to the
+    /// removed file.
+    fn close_log(&self) -> Result<(), StoreError> {
+        let Some(Some(wal)) = self.wal.get() else {
+            return Ok(());
+        };
+        wal.check()?;
+        let mut w = self.write()?;
+        w.without_history();
+        w.commit_checkpoint()?;
+        wal.remove(&self.disk)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // After any failure the log stays: it is removed only by a checkpoint that succeeds,
+        // so a page the kernel dropped after a failed fsync can be rebuilt from it.
+        let healthy = matches!(self.wal.get(), Some(Some(_))) && !self.is_failed();
+        if healthy && let Err(e) = self.close_log() {
+            tracing::error!(error = %e, "the final checkpoint failed; the log stays and is applied at the next open");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store of format 2 (content stored without checksums) is migrated when opened: every
+    /// chunk gets its checksum and reads as before.
+    #[test]
+    fn a_format_2_store_gets_checksums_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        {
+            let store = Store::open_or_create(&path, (0, 0)).unwrap();
+            let mut w = store.write().unwrap();
+            w.put_chunks(7, [(0, &data[..60_000]), (1, &data[60_000..])])
+                .unwrap();
+            w.commit(Sync::Durable).unwrap();
+            // Back to format 2: the blobs hold their content alone.
+            let w = store.write().unwrap();
+            {
+                let mut blobs = w.tx.open_table(BLOBS).unwrap();
+                let raw: Vec<(u64, Vec<u8>)> = blobs
+                    .iter()
+                    .unwrap()
+                    .map(|i| {
+                        let (k, v) = i.unwrap();
+                        (k.value(), schema::decode_blob(v.value()).unwrap().to_vec())
+                    })
+                    .collect();
+                for (k, v) in raw {
+                    blobs.insert(k, v.as_slice()).unwrap();
+                }
+            }
+            w.put_meta(META_FORMAT, &2u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+        }
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        assert!(r.damaged_blobs().unwrap().is_empty());
+        let got: Vec<u8> = r
+            .chunks(7, 0, 2)
+            .unwrap()
+            .into_iter()
+            .flat_map(|c| c.unwrap())
+            .collect();
+        assert_eq!(got, data);
+    }
+}

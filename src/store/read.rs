@@ -1,0 +1,188 @@
+//! Read transactions and the schema's accessors they share with write transactions (inodes,
+//! directory entries, orphans, meta counters, usage).
+//!
+//! Invariant kept here: a `ReadTxn` is one consistent snapshot; it never waits for a writer
+//! and never sees part of a commit.
+
+use redb::{ReadableDatabase, ReadableTable};
+
+use super::schema::*;
+use super::{Store, StoreError, Usage, corrupt, map_err};
+
+// Reads shared by read and write transactions, over whichever table handle they hold.
+
+pub(super) fn get_inode_in(
+    t: &impl ReadableTable<u64, &'static [u8]>,
+    ino: u64,
+) -> Result<Option<Inode>, StoreError> {
+    match t.get(ino).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => Inode::decode(ino, v.value())
+            .map(Some)
+            .ok_or_else(|| corrupt("record", ino)),
+    }
+}
+
+pub(super) fn lookup_in(
+    t: &impl ReadableTable<(u64, &'static str), (u64, u8)>,
+    parent: u64,
+    name: &str,
+) -> Result<Option<(u64, Kind)>, StoreError> {
+    match t.get((parent, name)).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => {
+            let (ino, k) = v.value();
+            Kind::from_byte(k)
+                .map(|k| Some((ino, k)))
+                .ok_or_else(|| corrupt("dirent kind", ino))
+        }
+    }
+}
+
+/// One directory entry as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: u64,
+    pub kind: Kind,
+}
+
+pub(super) fn list_in(
+    t: &impl ReadableTable<(u64, &'static str), (u64, u8)>,
+    parent: u64,
+    limit: usize,
+) -> Result<Vec<DirEntry>, StoreError> {
+    let mut out = Vec::new();
+    for item in t.range((parent, "")..(parent + 1, "")).map_err(map_err)? {
+        let (k, v) = item.map_err(map_err)?;
+        let (ino, kind) = v.value();
+        out.push(DirEntry {
+            name: k.value().1.to_string(),
+            ino,
+            kind: Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?,
+        });
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn meta_u64_in(
+    t: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<u64>, StoreError> {
+    match t.get(key).map_err(map_err)? {
+        None => Ok(None),
+        Some(v) => {
+            let b: [u8; 8] = v
+                .value()
+                .try_into()
+                .map_err(|_| StoreError::Corrupt(format!("meta {key} is not a u64")))?;
+            Ok(Some(u64::from_le_bytes(b)))
+        }
+    }
+}
+
+pub(super) fn orphans_in(t: &impl ReadableTable<u64, ()>) -> Result<Vec<u64>, StoreError> {
+    let mut out = Vec::new();
+    for item in t.iter().map_err(map_err)? {
+        out.push(item.map_err(map_err)?.0.value());
+    }
+    Ok(out)
+}
+
+/// A read-only snapshot of the store.
+pub struct ReadTxn {
+    pub(super) tx: redb::ReadTransaction,
+}
+
+impl Store {
+    /// Begins a read transaction: a consistent snapshot that never waits for a writer.
+    pub fn read(&self) -> Result<ReadTxn, StoreError> {
+        Ok(ReadTxn {
+            tx: self.db.begin_read().map_err(map_err)?,
+        })
+    }
+}
+
+impl ReadTxn {
+    /// When the last transaction committed, ns since the epoch.
+    pub fn last_commit(&self) -> Result<Option<i64>, StoreError> {
+        Ok(self.meta_u64(META_LAST_COMMIT)?.map(|v| v as i64))
+    }
+
+    pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+    }
+
+    /// The entries of directory `parent`, in name order.
+    pub fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError> {
+        list_in(
+            &self.tx.open_table(DIRENTS).map_err(map_err)?,
+            parent,
+            usize::MAX,
+        )
+    }
+
+    pub fn meta_u64(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        match self.tx.open_table(META) {
+            Ok(t) => meta_u64_in(&t, key),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    pub fn meta_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = self.tx.open_table(META).map_err(map_err)?;
+        Ok(t.get(key).map_err(map_err)?.map(|v| v.value().to_vec()))
+    }
+
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        Ok(Usage {
+            files: self.meta_u64(META_FILES)?.unwrap_or(0),
+            dirs: self.meta_u64(META_DIRS)?.unwrap_or(0),
+            content_bytes: self.meta_u64(META_CONTENT_BYTES)?.unwrap_or(0),
+        })
+    }
+
+    pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
+        orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
+    }
+
+    /// Every inode record, in inode order (for check and tools).
+    pub fn all_inodes(&self) -> Result<Vec<Inode>, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let ino = k.value();
+            out.push(Inode::decode(ino, v.value()).ok_or_else(|| corrupt("record", ino))?);
+        }
+        Ok(out)
+    }
+
+    /// Every dirent as (parent, entry), in key order (for check and tools).
+    pub fn all_dirents(&self) -> Result<Vec<(u64, DirEntry)>, StoreError> {
+        let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (parent, name) = k.value();
+            let (ino, kind) = v.value();
+            out.push((
+                parent,
+                DirEntry {
+                    name: name.to_string(),
+                    ino,
+                    kind: Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?,
+                },
+            ));
+        }
+        Ok(out)
+    }
+}

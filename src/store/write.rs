@@ -1,0 +1,318 @@
+//! Write transactions: the four primitives every change goes through (`set_inode`,
+//! `set_dirent`, `set_filemap`, `set_orphan`) and the accessors built on them.
+//!
+//! Invariant kept here: each primitive records its change for the write-ahead log, keeps the
+//! usage counts in step, and (history on) captures the key's value before the transaction's
+//! first change to it.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use redb::{ReadableTable, ReadableTableMetadata};
+
+use super::history::{Capture, OpInfo};
+use super::read::{DirEntry, get_inode_in, list_in, lookup_in, meta_u64_in, orphans_in};
+use super::redo::{redo_del, redo_put};
+use super::schema::*;
+use super::{Store, StoreError, Usage, corrupt, map_err};
+
+/// The net change this transaction makes to the usage counts, added to `meta` at commit.
+#[derive(Default)]
+pub(super) struct UsageDelta {
+    pub(super) files: i64,
+    pub(super) dirs: i64,
+    pub(super) content_bytes: i64,
+}
+
+/// A write transaction. Dropping it without `commit` rolls everything back.
+///
+/// Every change goes through four primitives (`set_inode`, `set_dirent`, `set_filemap`,
+/// `set_orphan`); with history on, each captures the key's value before the transaction's
+/// first change to it, and the record of those before-images is appended at commit.
+pub struct WriteTxn<'s> {
+    pub(super) tx: redb::WriteTransaction,
+    pub(super) store: &'s Store,
+    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`); None once
+    /// it outgrew a log record (the commit is then a checkpoint).
+    pub(super) redo: RefCell<Option<Vec<u8>>>,
+    pub(super) usage: UsageDelta,
+    pub(super) capture: Option<Capture>,
+    pub(super) info: Option<OpInfo>,
+    /// Content bytes this transaction adds, for the free-space check at commit.
+    pub(super) written: u64,
+    /// Net change of each blob's reference count, written once at commit: a change that
+    /// takes a reference and gives one back (a rewrite or unlink whose old blob history keeps)
+    /// leaves the blobrefs table untouched, and that is pages an fsync need not write.
+    pub(super) ref_deltas: BTreeMap<u64, i64>,
+    /// Blobs created by this transaction (their count starts at 0, not at the implicit 1).
+    pub(super) new_blobs: Vec<std::ops::Range<u64>>,
+}
+
+impl Store {
+    /// Begins a write transaction, waiting for any other writer to finish.
+    pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
+        let tx = self.db.begin_write().map_err(|e| {
+            let e = map_err(e);
+            // An I/O error inside an earlier transaction (not only at its commit: redb may
+            // write and sync pages while a large one runs) leaves redb refusing every write.
+            if matches!(e, StoreError::Io(_)) && !self.failed.swap(true, Ordering::AcqRel) {
+                tracing::error!(error = %e, "the store refuses writes after an I/O error; restart the daemon (redbfs unmount, then mount)");
+            }
+            e
+        })?;
+        Ok(WriteTxn {
+            tx,
+            store: self,
+            redo: RefCell::new(Some(Vec::new())),
+            usage: UsageDelta::default(),
+            capture: self.history_on().then(Capture::default),
+            info: None,
+            written: 0,
+            ref_deltas: BTreeMap::new(),
+            new_blobs: Vec::new(),
+        })
+    }
+}
+
+impl WriteTxn<'_> {
+    pub(super) fn table_len_inodes(&self) -> Result<u64, StoreError> {
+        self.tx
+            .open_table(INODES)
+            .map_err(map_err)?
+            .len()
+            .map_err(map_err)
+    }
+
+    fn first_touch(&mut self, tag: u8, a: u64, b: u64, name: &str) -> bool {
+        match &mut self.capture {
+            Some(c) => c.seen.insert((tag, a, b, name.to_string())),
+            None => false,
+        }
+    }
+
+    pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+    }
+
+    /// Up to `limit` entries of directory `parent`, in name order.
+    pub fn list(&self, parent: u64, limit: usize) -> Result<Vec<DirEntry>, StoreError> {
+        list_in(
+            &self.tx.open_table(DIRENTS).map_err(map_err)?,
+            parent,
+            limit,
+        )
+    }
+
+    pub(super) fn next_counter(&self, key: &str) -> Result<u64, StoreError> {
+        self.next_counters(key, 1)
+    }
+
+    /// Takes `count` consecutive values of the counter `key`; returns the first.
+    pub(super) fn next_counters(&self, key: &str, count: u64) -> Result<u64, StoreError> {
+        let mut meta = self.tx.open_table(META).map_err(map_err)?;
+        let n = meta_u64_in(&meta, key)?
+            .ok_or_else(|| StoreError::Corrupt(format!("meta {key} missing")))?;
+        let bytes = (n + count).to_le_bytes();
+        meta.insert(key, bytes.as_slice()).map_err(map_err)?;
+        redo_put(&self.redo, META, &key, &bytes.as_slice());
+        Ok(n)
+    }
+
+    /// A fresh inode number, never used before in this store.
+    pub fn alloc_ino(&self) -> Result<u64, StoreError> {
+        self.next_counter(META_NEXT_INO)
+    }
+
+    // ---- the four primitives ----
+
+    /// Sets or removes an inode record, keeping the usage counters in step.
+    pub fn set_inode(&mut self, ino: u64, new: Option<&Inode>) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(INODES).map_err(map_err)?;
+        let old_bytes = t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec());
+        let old = match &old_bytes {
+            Some(b) => Some(Inode::decode(ino, b).ok_or_else(|| corrupt("record", ino))?),
+            None => None,
+        };
+        match new {
+            Some(n) => {
+                let bytes = n.encode();
+                t.insert(ino, bytes.as_slice()).map_err(map_err)?;
+                redo_put(&self.redo, INODES, &ino, &bytes.as_slice());
+            }
+            None => {
+                t.remove(ino).map_err(map_err)?;
+                redo_del(&self.redo, INODES, &ino);
+            }
+        }
+        drop(t);
+        for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
+            if let Some(i) = i {
+                match i.kind {
+                    Kind::File => self.usage.files += sign,
+                    Kind::Dir => self.usage.dirs += sign,
+                }
+                self.usage.content_bytes += sign * i.size as i64;
+            }
+        }
+        if self.first_touch(1, ino, 0, "") {
+            self.push_undo(Undo::Inode {
+                ino,
+                old: old_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sets or removes a directory entry.
+    pub fn set_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+        new: Option<(u64, Kind)>,
+    ) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        let old = match new {
+            Some((ino, kind)) => {
+                redo_put(&self.redo, DIRENTS, &(parent, name), &(ino, kind.to_byte()));
+                t.insert((parent, name), (ino, kind.to_byte()))
+            }
+            None => {
+                redo_del(&self.redo, DIRENTS, &(parent, name));
+                t.remove((parent, name))
+            }
+        }
+        .map_err(map_err)?
+        .map(|v| v.value());
+        drop(t);
+        if self.first_touch(2, parent, 0, name) {
+            self.push_undo(Undo::Dirent {
+                parent,
+                name: name.to_string(),
+                old,
+            });
+        }
+        Ok(())
+    }
+
+    /// Points chunk `idx` of `ino` at `new` (or makes it a hole), adjusting blob references.
+    pub fn set_filemap(&mut self, ino: u64, idx: u64, new: Option<u64>) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let old = match new {
+            Some(b) => {
+                redo_put(&self.redo, FILEMAP, &(ino, idx), &b);
+                t.insert((ino, idx), b)
+            }
+            None => {
+                redo_del(&self.redo, FILEMAP, &(ino, idx));
+                t.remove((ino, idx))
+            }
+        }
+        .map_err(map_err)?
+        .map(|v| v.value());
+        drop(t);
+        if old == new {
+            return Ok(());
+        }
+        if self.first_touch(3, ino, idx, "") {
+            // The history record keeps the old blob alive.
+            if let Some(o) = old {
+                self.blob_ref(o);
+            }
+            self.push_undo(Undo::Filemap { ino, idx, old });
+        }
+        if let Some(n) = new {
+            self.blob_ref(n);
+        }
+        if let Some(o) = old {
+            self.blob_unref(o);
+        }
+        Ok(())
+    }
+
+    /// Marks or unmarks `ino` as an orphan.
+    pub fn set_orphan(&mut self, ino: u64, present: bool) -> Result<(), StoreError> {
+        let mut t = self.tx.open_table(ORPHANS).map_err(map_err)?;
+        let was = if present {
+            redo_put(&self.redo, ORPHANS, &ino, &());
+            t.insert(ino, ())
+        } else {
+            redo_del(&self.redo, ORPHANS, &ino);
+            t.remove(ino)
+        }
+        .map_err(map_err)?
+        .is_some();
+        drop(t);
+        if was != present && self.first_touch(4, ino, 0, "") {
+            self.push_undo(Undo::Orphan { ino, present: was });
+        }
+        Ok(())
+    }
+
+    fn push_undo(&mut self, u: Undo) {
+        if let Some(c) = &mut self.capture {
+            c.undo.push(u);
+        }
+    }
+
+    // ---- operations built on the primitives ----
+
+    /// Writes an inode record.
+    pub fn put_inode(&mut self, inode: &Inode) -> Result<(), StoreError> {
+        self.set_inode(inode.ino, Some(inode))
+    }
+
+    /// Deletes an inode record with all its content and any orphan mark.
+    pub fn delete_inode(&mut self, ino: u64) -> Result<(), StoreError> {
+        self.set_inode(ino, None)?;
+        self.remove_chunks_from(ino, 0)?;
+        self.set_orphan(ino, false)
+    }
+
+    pub fn put_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+        ino: u64,
+        kind: Kind,
+    ) -> Result<(), StoreError> {
+        self.set_dirent(parent, name, Some((ino, kind)))
+    }
+
+    pub fn remove_dirent(&mut self, parent: u64, name: &str) -> Result<(), StoreError> {
+        self.set_dirent(parent, name, None)
+    }
+
+    pub fn add_orphan(&mut self, ino: u64) -> Result<(), StoreError> {
+        self.set_orphan(ino, true)
+    }
+
+    pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
+        orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
+    }
+
+    pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.tx
+            .open_table(META)
+            .map_err(map_err)?
+            .insert(key, value)
+            .map_err(map_err)?;
+        redo_put(&self.redo, META, &key, &value);
+        Ok(())
+    }
+
+    pub fn usage(&self) -> Result<Usage, StoreError> {
+        let meta = self.tx.open_table(META).map_err(map_err)?;
+        let get = |k| meta_u64_in(&meta, k).map(|v| v.unwrap_or(0));
+        let apply = |base: u64, d: i64| base.saturating_add_signed(d);
+        Ok(Usage {
+            files: apply(get(META_FILES)?, self.usage.files),
+            dirs: apply(get(META_DIRS)?, self.usage.dirs),
+            content_bytes: apply(get(META_CONTENT_BYTES)?, self.usage.content_bytes),
+        })
+    }
+}
