@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, Session, SessionACL, TimeOrNow, WriteFlags,
 };
 
 use crate::fs::history::Invalidation;
@@ -725,29 +725,6 @@ pub fn serve_fd(
     let c = config(allow_other, threads);
     let acl = c.acl;
     let session = Session::from_fd(FuseFs::new(fs.clone()), fd, acl, c)?;
-    forward_invalidations(&fs, &session);
-    on_ready();
-    session.run()
-}
-
-/// Mounts through fusermount3 (for users who may not call mount(2)) and serves until unmounted.
-pub fn mount_and_serve(
-    fs: Arc<Fs>,
-    mountpoint: &Path,
-    source: &str,
-    allow_other: bool,
-    threads: usize,
-    on_ready: impl FnOnce(),
-) -> std::io::Result<()> {
-    let mut c = config(allow_other, threads);
-    c.mount_options = vec![
-        MountOption::FSName(source.to_string()),
-        MountOption::Subtype("redbfs".to_string()),
-        MountOption::DefaultPermissions,
-        MountOption::NoSuid,
-        MountOption::NoDev,
-    ];
-    let session = Session::new(FuseFs::new(fs.clone()), mountpoint, &c)?;
     forward_invalidations(&fs, &session);
     on_ready();
     session.run()

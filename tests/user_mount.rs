@@ -1,0 +1,265 @@
+//! Mounting as a user other than root. `redbfs mount` failed for a user with "EACCES ... is
+//! the fuse module loaded?" instead of mounting through fusermount3, which is setuid and opens
+//! the device and mounts for users. This test creates a real unprivileged user and runs the
+//! whole flow as that user: mount, both stock SDKs' scripted sessions, a snapshot, a kill of
+//! the daemon and a remount (fusermount3 clears the stale mount), and unmount.
+//!
+//! fusermount3 opens `/dev/fuse` with the user's own file-system uid, so it needs the mode
+//! distributions give the device (0666, from udev); this machine's is 0600, which no user can
+//! mount through, with redbfs or any other FUSE program. The test sets 0666 for its run and
+//! puts the old mode back. It needs root (to make the user and set the mode) and fusermount3
+//! (`.ci/run` installs fuse3), and fails loudly without either.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{fuse_available, redbfs_bin};
+
+const USER: &str = "redbfs-test-user";
+
+/// Puts `/dev/fuse`'s mode back when dropped.
+struct DeviceMode(u32);
+
+impl Drop for DeviceMode {
+    fn drop(&mut self) {
+        let _ = std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(self.0));
+    }
+}
+
+fn user_ids() -> (u32, u32) {
+    if Command::new("id")
+        .arg(USER)
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        // exists
+    } else {
+        let out = Command::new("useradd")
+            .args(["-m", "-s", "/bin/sh", USER])
+            .output()
+            .expect("run useradd");
+        assert!(
+            out.status.success(),
+            "useradd: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id").args([flag, USER]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    (id("-u"), id("-g"))
+}
+
+/// Runs `program args` as the test user, in `dir`, with a plain environment.
+fn as_user(ids: (u32, u32), dir: &Path, program: &Path, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", dir)
+        .env(
+            "PYTHONPATH",
+            clients().join(".venv/lib/python3.11/site-packages"),
+        )
+        .uid(ids.0)
+        .gid(ids.1)
+        .output()
+        .expect("run as the test user")
+}
+
+fn clients() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+fn ok(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} as {USER} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every entry under `root` with its owner and, for a file, a hash of its content, read as
+/// the user (root may not enter a mount made without `--allow-other`).
+fn tree(ids: (u32, u32), dir: &Path, root: &Path) -> Vec<String> {
+    const WALK: &str = r#"
+import hashlib, os, sys
+for d, dirs, files in os.walk(sys.argv[1]):
+    dirs.sort()
+    for n in sorted(dirs + files):
+        p = os.path.join(d, n)
+        st = os.lstat(p)
+        h = hashlib.sha256(open(p, 'rb').read()).hexdigest() if n in files else 'dir'
+        print(os.path.relpath(p, sys.argv[1]), st.st_uid, h)
+"#;
+    let out = ok(
+        "walking the mount",
+        as_user(
+            ids,
+            dir,
+            Path::new("/usr/bin/python3"),
+            &["-c", WALK, root.to_str().unwrap()],
+        ),
+    );
+    out.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
+    if !fuse_available() {
+        return;
+    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a user and sets /dev/fuse's mode: run it as root (CI does)"
+    );
+    assert!(
+        Path::new("/usr/bin/fusermount3").exists(),
+        "fusermount3 is missing: install the fuse3 package (.ci/run does)"
+    );
+    assert!(
+        Path::new("/usr/bin/python3").exists(),
+        "/usr/bin/python3 is missing: the user runs the Python SDK with the system Python 3.11"
+    );
+    let ids = user_ids();
+    let mode = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
+    let _restore = DeviceMode(mode);
+    std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    let home = tempfile::Builder::new()
+        .prefix("redbfs-user-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    nix::unistd::chown(
+        home.path(),
+        Some(nix::unistd::Uid::from_raw(ids.0)),
+        Some(nix::unistd::Gid::from_raw(ids.1)),
+    )
+    .unwrap();
+    let dir = home.path();
+    let bin = redbfs_bin();
+    let mnt = dir.join("memory-store");
+    ok(
+        "redbfs mount",
+        as_user(ids, dir, &bin, &["mount", "memory-store"]),
+    );
+    let source = std::fs::read_to_string("/proc/mounts").unwrap();
+    let line = source
+        .lines()
+        .find(|l| l.contains(mnt.to_str().unwrap()))
+        .expect("mounted");
+    assert!(line.contains(&format!("user_id={}", ids.0)), "{line}");
+
+    // Both stock SDKs' sessions, as the user.
+    let session = clients().join("session.json");
+    let node = Path::new("/usr/bin/node");
+    ok(
+        "the Node SDK session",
+        as_user(
+            ids,
+            dir,
+            node,
+            &[
+                clients().join("run_session.mjs").to_str().unwrap(),
+                mnt.to_str().unwrap(),
+                session.to_str().unwrap(),
+            ],
+        ),
+    );
+    ok(
+        "mkdir",
+        as_user(
+            ids,
+            dir,
+            Path::new("/bin/mkdir"),
+            &["-p", "memory-store/py"],
+        ),
+    );
+    ok(
+        "the Python SDK session",
+        as_user(
+            ids,
+            dir,
+            Path::new("/usr/bin/python3"),
+            &[
+                clients().join("run_session.py").to_str().unwrap(),
+                mnt.join("py").to_str().unwrap(),
+                session.to_str().unwrap(),
+            ],
+        ),
+    );
+    let before = tree(ids, dir, &mnt);
+    assert!(before.len() > 5, "the sessions wrote memories: {before:?}");
+    for entry in &before {
+        // "PATH UID HASH"; a path may hold spaces.
+        let uid: u32 = entry.rsplit(' ').nth(1).unwrap().parse().unwrap();
+        assert_eq!(uid, ids.0, "{entry}: belongs to the user");
+    }
+
+    // A snapshot, private to the user.
+    ok(
+        "redbfs snapshot",
+        as_user(ids, dir, &bin, &["snapshot", "memory-store", "backup.redb"]),
+    );
+    let snap = std::fs::metadata(dir.join("backup.redb")).unwrap();
+    assert_eq!((snap.uid(), snap.mode() & 0o777), (ids.0, 0o600));
+
+    // The daemon killed; the user mounts again (fusermount3 clears the stale mount).
+    let status = ok(
+        "redbfs status",
+        as_user(ids, dir, &bin, &["status", "memory-store", "--json"]),
+    );
+    let pid = serde_json::from_str::<serde_json::Value>(&status).unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    for _ in 0..200 {
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    ok(
+        "redbfs mount after a kill",
+        as_user(ids, dir, &bin, &["mount", "memory-store"]),
+    );
+    assert_eq!(
+        tree(ids, dir, &mnt),
+        before,
+        "everything acknowledged survived the kill"
+    );
+    ok(
+        "redbfs unmount",
+        as_user(ids, dir, &bin, &["unmount", "memory-store"]),
+    );
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(
+        !mounts.contains(mnt.to_str().unwrap()),
+        "still mounted:\n{mounts}"
+    );
+
+    // --allow-other needs user_allow_other in /etc/fuse.conf; without it, the reason.
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    if !conf.lines().any(|l| l.trim() == "user_allow_other") {
+        let out = as_user(ids, dir, &bin, &["mount", "memory-store", "--allow-other"]);
+        assert!(
+            !out.status.success(),
+            "--allow-other mounted without user_allow_other"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("user_allow_other"), "{err}");
+    }
+}
