@@ -1,7 +1,7 @@
 //! Durations, dates and points of history as people type them, and times as `log` prints
 //! them: jiff's grammars (its friendly durations, ISO 8601 and RFC 3339), always in UTC.
 
-use jiff::civil::{Date, DateTime};
+use jiff::civil::{Date, DateTime, Time};
 use jiff::tz::TimeZone;
 use jiff::{Span, SpanRelativeTo, Timestamp};
 
@@ -36,17 +36,44 @@ pub fn date_ns(s: &str) -> Result<i64, String> {
     if let Ok(t) = s.parse::<Timestamp>() {
         return i64::try_from(t.as_nanosecond()).map_err(|_| bad());
     }
-    // A civil time is UTC; a trailing `Z` on a date alone is accepted, as it always was.
+    // A civil time is UTC; a trailing `Z` on a date alone is accepted, as it always was, and
+    // so are fields without their leading zero (`2026-1-5T8:00`).
     let civil = s.trim_end_matches(['Z', 'z']);
-    let dt = match civil.parse::<DateTime>() {
-        Ok(dt) => dt,
-        Err(_) => civil
-            .parse::<Date>()
-            .map_err(|_| bad())?
-            .to_datetime(jiff::civil::Time::midnight()),
-    };
+    let dt = civil_time(civil)
+        .or_else(|| civil_time(&zero_padded(civil)?))
+        .ok_or_else(bad)?;
     let t = TimeZone::UTC.to_timestamp(dt).map_err(|_| bad())?;
     i64::try_from(t.as_nanosecond()).map_err(|_| bad())
+}
+
+/// A date and time, or a date alone at midnight.
+fn civil_time(s: &str) -> Option<DateTime> {
+    s.parse::<DateTime>()
+        .ok()
+        .or_else(|| Some(s.parse::<Date>().ok()?.to_datetime(Time::midnight())))
+}
+
+/// `2026-1-5T8:0` as `2026-01-05T08:00`; None unless every field is digits.
+fn zero_padded(s: &str) -> Option<String> {
+    let (date, time) = match s.split_once(['T', ' ']) {
+        Some((d, t)) => (d, Some(t)),
+        None => (s, None),
+    };
+    let pad = |part: &str, sep: char| -> Option<String> {
+        let fields: Vec<String> = part
+            .split(sep)
+            .map(|f| {
+                (!f.is_empty() && f.bytes().all(|b| b.is_ascii_digit())).then(|| format!("{f:0>2}"))
+            })
+            .collect::<Option<_>>()?;
+        Some(fields.join(&sep.to_string()))
+    };
+    let mut out = pad(date, '-')?;
+    if let Some(t) = time {
+        out.push('T');
+        out.push_str(&pad(t, ':')?);
+    }
+    Some(out)
 }
 
 /// A point of history as the store's resolver reads it: a seq (`42`, `@42`), a mark, a date or
@@ -125,6 +152,7 @@ mod tests {
             date_ns("2026-11-29T14:30:00+02:00").unwrap(),
             1_795_955_400 * S
         );
+        assert_eq!(date_ns("1970-1-2T0:1").unwrap(), 86_460 * S);
         assert!(date_ns("2026-13-01").is_err());
         assert!(date_ns("2026-02-30").is_err());
         assert!(date_ns("soon").unwrap_err().contains("not a date"));
