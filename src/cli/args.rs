@@ -1,0 +1,405 @@
+//! The command line's grammar: every command and its arguments as clap definitions (a table),
+//! and the parsers of sizes and retentions they use. Nothing here runs a command.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::time;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "redbfs",
+    version,
+    about = "A transactional redb store mounted as a directory, for AI-agent memory"
+)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(super) enum LostUpdatesArg {
+    /// Let the replace go through, as a local disk does; log it, count it in status and mark
+    /// its history record `conflict`.
+    Record,
+    /// Fail the replace with EAGAIN (nothing changes), so the tool reads again and retries;
+    /// logged, counted and recorded as with `record`.
+    Refuse,
+    /// Do not track what each process read.
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(super) enum Names {
+    /// Linux rules: UTF-8, NFC, no control or invisible format characters.
+    Linux,
+    /// Also no Windows-reserved characters or names, no trailing dot or space, and no
+    /// siblings that differ only in case.
+    Portable,
+}
+
+#[derive(Subcommand, Debug)]
+pub(super) enum Cmd {
+    /// Mount a store (created if missing) on MOUNTPOINT; returns once the mount answers.
+    Mount(Mount),
+    /// Unmount; returns once the daemon has closed the store.
+    Unmount(Unmount),
+    /// Show a mount's or a store's state.
+    Status(Status),
+    /// Check a store's integrity and the filesystem invariants (exit 1 on findings).
+    Check(Check),
+    /// Write a consistent point-in-time copy of a store (mounted or not) to OUT, or `-` for stdout.
+    Snapshot(Snapshot),
+    /// Replace a store (not mounted) with a checked snapshot, keeping the old one beside it.
+    Restore(Restore),
+    /// Write a store's tree, with modes and mtimes, to a new directory or a tar file.
+    Export(Export),
+    /// Copy a directory's tree into a store (created if missing) in one transaction.
+    Import(Import),
+    /// List a directory of a store (mounted or not).
+    Ls(Ls),
+    /// Print a file of a store (mounted or not).
+    Cat(Cat),
+    /// Print the tree under a path of a store.
+    Tree(Tree),
+    /// Files, directories and content bytes under a path of a store.
+    Du(Du),
+    /// Counts, largest files, store file size and last commit time.
+    Stats(Stats),
+    /// Remove memory files neither read nor written since a time (through the mount when mounted).
+    Expire(Expire),
+    /// Rewrite a store file (not mounted) to give free space back to the disk.
+    Compact(Compact),
+    /// History records, newest first, for the store or one path (following renames).
+    Log(Log),
+    /// Print a file as it was at a point of history (a seq, a mark, a date or `2h` ago).
+    Show(Show),
+    /// A unified diff of a file between two points of history (`--to` defaults to now).
+    Diff(Diff),
+    /// Label the current point of history.
+    Mark(Mark),
+    /// Bring one file or directory back to a point of history, in one new transaction.
+    Revert(Revert),
+    /// Bring the whole store back to a point of history, in one new transaction (undoable).
+    Rollback(Rollback),
+    /// Erase the content of past versions of a file (all, or the one seen at --at), keeping the
+    /// records that they existed. The bytes leave the store file at the next `compact`.
+    Redact(Redact),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Mount {
+    pub mountpoint: PathBuf,
+    /// The store file [default: MOUNTPOINT.redb beside the mountpoint].
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Stay attached; SIGINT or SIGTERM unmounts cleanly.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Write the daemon's log here [default: STORE.log in the background, stderr in the foreground].
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Let other users enter the mount (permissions are still checked by the kernel).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// More log: -v logs every request.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Threads serving kernel requests.
+    #[arg(long, default_value_t = crate::fuse::DEFAULT_THREADS)]
+    pub threads: usize,
+    /// Largest file (EFBIG beyond), e.g. 256M. Kept in the store.
+    #[arg(long, value_parser = parse_size)]
+    pub max_file_bytes: Option<u64>,
+    /// Content all open files may buffer in memory before a writer's buffer moves to a
+    /// private temporary file beside the store, e.g. 1G. Kept in the store [default for
+    /// a new store: 1G].
+    #[arg(long, value_parser = parse_size)]
+    pub max_buffer: Option<u64>,
+    /// Total content bytes (ENOSPC beyond), e.g. 10G; 0 for none. Kept in the store.
+    #[arg(long, value_parser = parse_size)]
+    pub quota: Option<u64>,
+    /// Files plus directories (ENOSPC beyond). Kept in the store.
+    #[arg(long)]
+    pub max_files: Option<u64>,
+    /// Longest path from the mount root, in bytes (ENAMETOOLONG beyond). Kept in the store.
+    #[arg(long)]
+    pub max_path_bytes: Option<usize>,
+    /// Deepest path from the mount root, in levels (ELOOP beyond). Kept in the store.
+    #[arg(long)]
+    pub max_depth: Option<usize>,
+    /// Name rules. Kept in the store.
+    #[arg(long, value_enum)]
+    pub names: Option<Names>,
+    /// What a replace (rename over a file, or open with O_TRUNC) does when the file's
+    /// content was changed by another process after this process last read it. Kept in
+    /// the store [default for a new store: record].
+    #[arg(long, value_enum)]
+    pub lost_updates: Option<LostUpdatesArg>,
+    /// How long history keeps replaced and deleted content, e.g. 30d; 0 turns history
+    /// off. Kept in the store [default for a new store: 30d].
+    #[arg(long, value_parser = parse_keep)]
+    pub keep_history: Option<u64>,
+    /// (internal) report readiness on this descriptor
+    #[arg(long, hide = true)]
+    pub notify_fd: Option<i32>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Unmount {
+    pub mountpoint: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Status {
+    /// A mountpoint or a store file.
+    pub target: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Check {
+    /// A store file or a mountpoint.
+    pub target: PathBuf,
+    /// Reclaim orphans and unreachable inodes and fix link counts (unmounted stores only).
+    #[arg(long)]
+    pub repair: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Snapshot {
+    /// A store file or a mountpoint.
+    pub source: PathBuf,
+    pub out: PathBuf,
+    /// The store as it was at a point of history: a seq, a mark, a date or `2h` (ago).
+    #[arg(long)]
+    pub at: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Restore {
+    pub snapshot: PathBuf,
+    pub store: PathBuf,
+    /// Do not keep the replaced store as STORE.before-restore-<time>.
+    #[arg(long)]
+    pub discard_current: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Export {
+    /// A store file or a mountpoint.
+    pub store: PathBuf,
+    /// The directory to create.
+    pub dir: Option<PathBuf>,
+    /// Write a tar archive instead (`-` for stdout).
+    #[arg(long)]
+    pub tar: Option<PathBuf>,
+    /// Export only this path of the store.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Give files and directories their recorded owners (root only); only then are setuid
+    /// and setgid bits kept.
+    #[arg(long)]
+    pub same_owner: bool,
+    /// Replace an existing --tar FILE (a symlink there is replaced, never followed).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Import {
+    pub dir: PathBuf,
+    /// A store file or a mountpoint.
+    pub store: PathBuf,
+    /// Where in the store to put it.
+    #[arg(long, default_value = "/")]
+    pub into: String,
+    /// Fail instead of skipping names, symlinks or files the store refuses.
+    #[arg(long)]
+    pub strict: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Ls {
+    pub store: PathBuf,
+    #[arg(default_value = "/")]
+    pub path: String,
+    /// Long listing: mode, size, modification time.
+    #[arg(short = 'l')]
+    pub long: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Cat {
+    pub store: PathBuf,
+    pub path: String,
+    /// `{"content": ...}` (or `content_hex` for bytes that are not UTF-8).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Tree {
+    pub store: PathBuf,
+    #[arg(default_value = "/")]
+    pub path: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Du {
+    pub store: PathBuf,
+    #[arg(default_value = "/")]
+    pub path: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Stats {
+    pub store: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Expire {
+    pub store: PathBuf,
+    /// e.g. 30d, 12h, 2w.
+    #[arg(long, conflicts_with = "before", required_unless_present = "before")]
+    pub unused_for: Option<String>,
+    /// e.g. 2026-01-31 or 2026-01-31T08:00:00Z (UTC).
+    #[arg(long)]
+    pub before: Option<String>,
+    /// Only the files under this path.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Print what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Compact {
+    pub store: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Log {
+    pub store: PathBuf,
+    pub path: Option<String>,
+    /// Only records since then: a date, `2h` (ago), a seq or a mark.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// At most this many records.
+    #[arg(short = 'n', long)]
+    pub limit: Option<u64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Show {
+    pub store: PathBuf,
+    pub path: String,
+    #[arg(long)]
+    pub at: String,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Diff {
+    pub store: PathBuf,
+    pub path: String,
+    #[arg(long)]
+    pub from: String,
+    #[arg(long)]
+    pub to: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Mark {
+    pub store: PathBuf,
+    pub name: String,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Revert {
+    pub store: PathBuf,
+    pub path: String,
+    #[arg(long)]
+    pub to: String,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Rollback {
+    pub store: PathBuf,
+    #[arg(long)]
+    pub to: String,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Redact {
+    pub store: PathBuf,
+    pub path: String,
+    #[arg(long)]
+    pub at: Option<String>,
+}
+
+/// Parses a retention such as `30d`, `12h`, `2 weeks` or `0` (off) into nanoseconds.
+fn parse_keep(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    time::duration_ns(s).map(|ns| ns as u64)
+}
+
+/// Parses sizes such as `4096`, `64K`, `256M`, `10G`, `1T` (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("{s:?}: unknown size suffix (use K, M, G or T)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?} is not a size (examples: 4096, 64K, 256M, 10G)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("256m"), Ok(256 << 20));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert!(parse_size("10X").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! Status and inspection: `status`, `ls`, `cat`, `tree`, `du`, `stats` and `check` (with its
+//! `--repair`). All read a store, mounted or not, without changing it (but for `--repair`).
+
+use serde_json::json;
+
+use super::args::{Cat, Check, Du, Ls, Stats, Status, Tree};
+use super::output::{self, Format};
+use super::target::Target;
+use crate::store::ReadOnlyStore;
+
+pub(super) fn status(a: Status) -> Result<i32, String> {
+    let t = Target::resolve(&a.target)?;
+    let v = t.run(json!({"op": "status"}), |_| {
+        t.read(|s, r| {
+            let u = r.usage().map_err(|e| e.to_string())?;
+            Ok(json!({"ok": true, "mountpoint": null, "store": t.store,
+                      "format": crate::store::FORMAT_VERSION, "files": u.files, "dirs": u.dirs,
+                      "content_bytes": u.content_bytes, "store_bytes": s.file_bytes()}))
+        })
+    })?;
+    output::status(&v, Format::of(a.json));
+    Ok(0)
+}
+
+pub(super) fn ls(a: Ls) -> Result<i32, String> {
+    let v = Target::resolve(&a.store)?.ask(json!({"op": "ls", "path": a.path}))?;
+    output::ls(&v, a.long, Format::of(a.json));
+    Ok(0)
+}
+
+pub(super) fn cat(a: Cat) -> Result<i32, String> {
+    let v = Target::resolve(&a.store)?.ask(json!({"op": "cat", "path": a.path}))?;
+    output::cat(v, Format::of(a.json))?;
+    Ok(0)
+}
+
+pub(super) fn tree(a: Tree) -> Result<i32, String> {
+    let v = Target::resolve(&a.store)?.ask(json!({"op": "tree", "path": a.path}))?;
+    output::tree(&v, Format::of(a.json));
+    Ok(0)
+}
+
+pub(super) fn du(a: Du) -> Result<i32, String> {
+    let v = Target::resolve(&a.store)?.ask(json!({"op": "du", "path": a.path}))?;
+    output::du(&v, &a.path, Format::of(a.json));
+    Ok(0)
+}
+
+pub(super) fn stats(a: Stats) -> Result<i32, String> {
+    let t = Target::resolve(&a.store)?;
+    let v = t.ask(json!({"op": "stats"}))?;
+    output::stats(&t.store, t.mountpoint.as_deref(), &v, Format::of(a.json));
+    Ok(0)
+}
+
+/// Exit 1 on findings. An unmounted store also gets redb's own page check.
+pub(super) fn check(a: Check) -> Result<i32, String> {
+    let t = Target::resolve(&a.target)?;
+    if a.repair {
+        t.refuse_mounted("repair")?;
+        output::repaired(&crate::tools::repair(&t.open_existing()?)?);
+    }
+    let mut findings = Vec::new();
+    if !t.is_mounted() {
+        // On a private copy: redb's check may repair what it checks.
+        let mut s = ReadOnlyStore::open(&t.store).map_err(|e| e.to_string())?;
+        match s.check_integrity() {
+            Ok(true) => {}
+            Ok(false) => findings.push("redb integrity check repaired the file".to_string()),
+            Err(e) => findings.push(format!("redb integrity check failed: {e}")),
+        }
+    }
+    let v = t.ask(json!({"op": "check"}))?;
+    findings.extend(
+        v["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f.as_str().map(str::to_string)),
+    );
+    output::check(&t.store, t.is_mounted(), &findings, Format::of(a.json));
+    Ok(if findings.is_empty() { 0 } else { 1 })
+}

@@ -1,0 +1,53 @@
+//! Maintenance: `expire` (files unused since a time) and `compact` (space given back to the
+//! disk). Repair is `check --repair`, with the inspection commands.
+
+use serde_json::json;
+
+use super::args::{Compact, Expire};
+use super::output::{self, Format, Progress};
+use super::target::Target;
+use super::time;
+
+pub(super) fn expire(a: Expire) -> Result<i32, String> {
+    let f = Format::of(a.json);
+    let t = Target::resolve(&a.store)?;
+    let cutoff = match (&a.unused_for, &a.before) {
+        (Some(d), _) => crate::store::now_ns() - time::duration_ns(d)?,
+        (None, Some(d)) => time::date_ns(d)?,
+        (None, None) => return Err("give --unused-for or --before".into()),
+    };
+    let v = t.ask(json!({"op": "unused", "path": a.path, "cutoff_ns": cutoff}))?;
+    let files: Vec<(String, i64)> =
+        serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
+    if !a.dry_run {
+        match &t.mountpoint {
+            // Through the mount, so the kernel's caches stay true.
+            Some(mp) => {
+                let progress = Progress::new("expire", f);
+                for (i, (p, _)) in files.iter().enumerate() {
+                    let full = mp.join(p.trim_start_matches('/'));
+                    std::fs::remove_file(&full).map_err(|e| format!("{}: {e}", full.display()))?;
+                    progress.update(i as u64 + 1);
+                }
+            }
+            None => {
+                let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+                crate::tools::remove_files(&t.open_existing()?, &paths)?;
+            }
+        }
+    }
+    output::expired(&files, a.dry_run, f);
+    Ok(0)
+}
+
+pub(super) fn compact(a: Compact) -> Result<i32, String> {
+    let t = Target::resolve(&a.store)?;
+    t.refuse_mounted("compact")?;
+    let size = || std::fs::metadata(&t.store).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    let mut s = t.open_existing()?;
+    s.compact().map_err(|e| e.to_string())?;
+    drop(s);
+    output::compacted(&t.store, before, size());
+    Ok(0)
+}

@@ -1,0 +1,62 @@
+//! The command line: the only place that parses arguments and prints for people. This file
+//! dispatches each command to the module of its family; `args` is the grammar, `target` the
+//! one rule for reaching a store (its daemon when mounted, its file otherwise), `output`
+//! every line printed, `time` durations and dates.
+
+mod args;
+mod history;
+mod inspect;
+mod maintain;
+mod mount;
+mod output;
+mod target;
+mod time;
+mod transfer;
+
+use clap::Parser;
+
+use args::{Cli, Cmd};
+
+pub fn main() -> i32 {
+    // Nothing redbfs creates is for group or others, whatever umask it was started with: the
+    // files have explicit modes, and this covers the directories (scratch copies, a new
+    // mountpoint, an export's parents).
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    nix::sys::stat::umask(old | nix::sys::stat::Mode::from_bits_truncate(0o077));
+    let cli = Cli::parse();
+    match run(cli.cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            output::error(&e);
+            1
+        }
+    }
+}
+
+/// Runs one command; its exit code, or the error to print.
+fn run(cmd: Cmd) -> Result<i32, String> {
+    match cmd {
+        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Unmount(a) => mount::unmount(a),
+        Cmd::Status(a) => inspect::status(a),
+        Cmd::Check(a) => inspect::check(a),
+        Cmd::Ls(a) => inspect::ls(a),
+        Cmd::Cat(a) => inspect::cat(a),
+        Cmd::Tree(a) => inspect::tree(a),
+        Cmd::Du(a) => inspect::du(a),
+        Cmd::Stats(a) => inspect::stats(a),
+        Cmd::Snapshot(a) => transfer::snapshot(a),
+        Cmd::Restore(a) => transfer::restore(a),
+        Cmd::Export(a) => transfer::export(a),
+        Cmd::Import(a) => transfer::import(a),
+        Cmd::Expire(a) => maintain::expire(a),
+        Cmd::Compact(a) => maintain::compact(a),
+        Cmd::Log(a) => history::log(a),
+        Cmd::Show(a) => history::show(a),
+        Cmd::Diff(a) => history::diff(a),
+        Cmd::Mark(a) => history::mark(a),
+        Cmd::Revert(a) => history::revert(a),
+        Cmd::Rollback(a) => history::rollback(a),
+        Cmd::Redact(a) => history::redact(a),
+    }
+}

@@ -1,0 +1,132 @@
+//! `mount` and `unmount`: the daemon's arguments turned into a mount request, and where the
+//! daemon logs (set up here, before the mount answers, so a failure can still be reported).
+
+use std::path::{Path, PathBuf};
+
+use super::args::{LostUpdatesArg, Mount, Names, Unmount};
+use super::output;
+use crate::fs::{LostUpdates, NameRules};
+use crate::mount::{self, Created, LimitOverrides, MountRequest};
+
+pub(super) fn mount(a: Mount) -> Result<i32, String> {
+    let store_path = a
+        .store
+        .clone()
+        .unwrap_or_else(|| mount::default_store(&a.mountpoint));
+    let background_log = a.log_file.clone().unwrap_or_else(|| {
+        let mut p = store_path.clone().into_os_string();
+        p.push(".log");
+        PathBuf::from(p)
+    });
+    let mut created = Created::default();
+    if a.foreground || a.notify_fd.is_some() {
+        // This process is the daemon.
+        let log = match (&a.log_file, a.notify_fd) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(_)) => Some(background_log),
+            (None, None) => None,
+        };
+        // Until the mount answers, a failure is reported on the notify descriptor and what
+        // this attempt created (the log, the store's directory) is removed.
+        if let Err(e) = start_logging(&a, log.as_deref(), &mut created) {
+            mount::startup_failed(a.notify_fd, &e, &mut created);
+            return Err(e);
+        }
+    } else {
+        refuse_background_log(&store_path, &background_log)?;
+    }
+    let limits = LimitOverrides {
+        max_file_bytes: a.max_file_bytes,
+        max_buffer_bytes: a.max_buffer,
+        quota_bytes: a.quota,
+        max_files: a.max_files,
+        max_path_bytes: a.max_path_bytes,
+        max_depth: a.max_depth,
+        names: a.names.map(|n| match n {
+            Names::Linux => NameRules::Linux,
+            Names::Portable => NameRules::Portable,
+        }),
+        lost_updates: a.lost_updates.map(|l| match l {
+            LostUpdatesArg::Record => LostUpdates::Record,
+            LostUpdatesArg::Refuse => LostUpdates::Refuse,
+            LostUpdatesArg::Off => LostUpdates::Off,
+        }),
+    };
+    mount::mount(MountRequest {
+        mountpoint: a.mountpoint,
+        store: a.store,
+        foreground: a.foreground,
+        allow_other: a.allow_other,
+        threads: a.threads,
+        limits,
+        argv: std::env::args().skip(1).collect(),
+        notify_fd: a.notify_fd,
+        keep_history: a.keep_history,
+        created,
+    })?;
+    Ok(0)
+}
+
+pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
+    output::unmounted(&mount::unmount(&a.mountpoint)?);
+    Ok(0)
+}
+
+/// The daemon's log: `log` (made beside the store unless named with --log-file), or stderr.
+fn start_logging(a: &Mount, log: Option<&Path>, created: &mut Created) -> Result<(), String> {
+    if a.log_file.is_none()
+        && let Some(p) = log
+    {
+        // The log goes beside the store, whose directory the mount creates.
+        let dir = crate::private::parent_dir(p);
+        created
+            .create_dir_all(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let new_log = log.filter(|p| std::fs::symlink_metadata(p).is_err());
+    init_logging(a.verbose, log)?;
+    if let Some(p) = new_log {
+        created.record(p);
+    }
+    Ok(())
+}
+
+/// The daemon started in the background logs there: refuse here, where the reason can be
+/// printed, what it would refuse (a symlink at the log's name).
+fn refuse_background_log(store: &Path, log: &Path) -> Result<(), String> {
+    crate::private::check_store_dir(store)?;
+    if std::fs::symlink_metadata(log).is_ok_and(|m| m.is_symlink()) {
+        let e = std::io::Error::from_raw_os_error(libc::ELOOP);
+        return Err(format!("log file {}", crate::private::describe(log, e)));
+    }
+    Ok(())
+}
+
+fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
+    use tracing_subscriber::EnvFilter;
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("REDBFS_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(format!("redbfs={level},fuser=warn")));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    match log_file {
+        Some(p) => {
+            // Mode 0600 when created; a symlink planted at the log's name is never followed.
+            let f = crate::private::open_append(p)
+                .map_err(|e| format!("log file {}", crate::private::describe(p, e)))?;
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .init();
+        }
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    // fuser logs through the `log` crate.
+    let _ = tracing_log::LogTracer::init();
+    Ok(())
+}

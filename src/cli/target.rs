@@ -1,0 +1,142 @@
+//! The one rule by which every command reaches a store: a mounted store through its daemon's
+//! control socket (the daemon owns the file), an unmounted one by opening the file here.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::control;
+use crate::mount;
+use crate::store::{ReadOnlyStore, ReadTxn, Store};
+use crate::tools;
+
+/// A store named on the command line, and where it is mounted if it is.
+pub(super) struct Target {
+    pub store: PathBuf,
+    pub mountpoint: Option<PathBuf>,
+}
+
+impl Target {
+    /// A mountpoint of redbfs, or a store file (mounted or not).
+    pub fn resolve(target: &Path) -> Result<Target, String> {
+        let abs = mount::absolute(target)?;
+        if let Some(store) = mount::redbfs_mount_at(&abs) {
+            return Ok(Target {
+                store,
+                mountpoint: Some(abs),
+            });
+        }
+        if abs.is_file() {
+            let mountpoint = mount::mountpoint_of_store(&abs);
+            return Ok(Target {
+                store: abs,
+                mountpoint,
+            });
+        }
+        Err(format!(
+            "{}: neither a store file nor a redbfs mountpoint",
+            target.display()
+        ))
+    }
+
+    /// As `resolve`, but a path that is neither is a store file yet to be made.
+    pub fn resolve_or_new(target: &Path) -> Result<Target, String> {
+        let abs = mount::absolute(target)?;
+        Ok(Target::resolve(&abs).unwrap_or(Target {
+            store: abs,
+            mountpoint: None,
+        }))
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        self.mountpoint.is_some()
+    }
+
+    pub fn refuse_mounted(&self, what: &str) -> Result<(), String> {
+        match &self.mountpoint {
+            Some(mp) => Err(format!(
+                "{} is mounted at {}; unmount it before {what}",
+                self.store.display(),
+                mp.display()
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The rule itself: `req` goes to the daemon when the store is mounted; otherwise
+    /// `on_file` answers it from the store file, with an answer of the same shape.
+    pub fn run(
+        &self,
+        req: Value,
+        on_file: impl FnOnce(&Value) -> Result<Value, String>,
+    ) -> Result<Value, String> {
+        if self.is_mounted() {
+            return control::Client::connect(&self.store)
+                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
+                .call(&req);
+        }
+        on_file(&req)
+    }
+
+    /// A read-only query (the store tools' `query`): the daemon's answer, or the same answer
+    /// from the file opened read-only.
+    pub fn ask(&self, req: Value) -> Result<Value, String> {
+        self.run(req, |req| {
+            self.read(|s, r| tools::query(r, s.file_bytes(), req))
+        })
+    }
+
+    /// A history change, made as the calling user and process.
+    pub fn change(&self, mut req: Value) -> Result<Value, String> {
+        req["uid"] = json!(nix::unistd::getuid().as_raw());
+        req["gid"] = json!(nix::unistd::getgid().as_raw());
+        req["pid"] = json!(std::process::id());
+        self.run(req, |req| {
+            let s = self.open_existing()?;
+            let limits = crate::fs::Limits::stored(&s);
+            let fs = crate::fs::Fs::new(s, limits).map_err(|e| e.to_string())?;
+            tools::history_change(&fs, req)
+        })
+    }
+
+    /// Runs `f` on the unmounted store file opened read-only (a private copy if it needs
+    /// recovery, so no byte of it is written).
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&ReadOnlyStore, &ReadTxn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        read_file(&self.store, f)
+    }
+
+    /// The unmounted store file opened for writing.
+    pub fn open_existing(&self) -> Result<Store, String> {
+        Store::open_existing(&self.store).map_err(|e| e.to_string())
+    }
+
+    /// Runs `f` on a consistent view: a snapshot taken through the daemon when mounted.
+    pub fn with_snapshot<T>(
+        &self,
+        f: impl FnOnce(&ReadTxn) -> Result<T, String>,
+    ) -> Result<T, String> {
+        if !self.is_mounted() {
+            return self.read(|_, r| f(r));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-export-")
+            .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .tempdir()
+            .map_err(|e| e.to_string())?;
+        let snap = dir.path().join("snapshot.redb");
+        self.ask(json!({"op": "snapshot", "out": snap}))?;
+        read_file(&snap, |_, r| f(r))
+    }
+}
+
+fn read_file<T>(
+    path: &Path,
+    f: impl FnOnce(&ReadOnlyStore, &ReadTxn) -> Result<T, String>,
+) -> Result<T, String> {
+    let s = ReadOnlyStore::open(path).map_err(|e| e.to_string())?;
+    let r = s.read().map_err(|e| e.to_string())?;
+    f(&s, &r)
+}

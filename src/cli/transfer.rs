@@ -1,0 +1,196 @@
+//! Backup and transfer: `snapshot`, `restore`, `export` and `import`. None of them writes
+//! over a store or leaves a half-made output behind.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use super::args::{Export, Import, Restore, Snapshot};
+use super::output::{self, Format, Progress};
+use super::target::Target;
+use super::time;
+use crate::mount;
+use crate::store::{ReadTxn, Store};
+use crate::tools;
+
+pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
+    let f = Format::of(a.json);
+    let t = Target::resolve(&a.source)?;
+    let to_stdout = a.out.as_os_str() == "-";
+    let dest = if to_stdout {
+        let mut p = t.store.clone().into_os_string();
+        p.push(format!(".stdout-snapshot-{}", std::process::id()));
+        PathBuf::from(p)
+    } else {
+        mount::absolute(&a.out)?
+    };
+    let v = match &a.at {
+        Some(at) => t.change(json!({"op": "snapshot_at", "out": dest, "at": time::point(at)}))?,
+        None => t.run(json!({"op": "snapshot", "out": dest}), |_| {
+            t.read(|_, r| {
+                let progress = Progress::new("snapshot", f);
+                let info = tools::snapshot(r, &dest, &mut |n| progress.update(n))?;
+                Ok(json!({"snapshot": info}))
+            })
+        })?,
+    };
+    if to_stdout {
+        let copied = crate::private::open_read(&dest)
+            .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
+        let _ = std::fs::remove_file(&dest);
+        copied.map_err(|e| format!("writing the snapshot to stdout: {e}"))?;
+    }
+    let shown = if to_stdout {
+        "-".to_string()
+    } else {
+        dest.display().to_string()
+    };
+    output::snapshot(&shown, &v["snapshot"], f);
+    Ok(0)
+}
+
+pub(super) fn restore(a: Restore) -> Result<i32, String> {
+    let store = mount::absolute(&a.store)?;
+    if let Some(mp) = mount::mountpoint_of_store(&store) {
+        return Err(format!(
+            "{} is mounted at {}; unmount it before restoring",
+            store.display(),
+            mp.display()
+        ));
+    }
+    let kept = tools::restore(&a.snapshot, &store, a.discard_current)?;
+    output::restored(&store, kept.as_deref());
+    Ok(0)
+}
+
+pub(super) fn export(a: Export) -> Result<i32, String> {
+    let t = Target::resolve(&a.store)?;
+    let report = t.with_snapshot(|r| match (&a.dir, &a.tar) {
+        (Some(d), None) => {
+            let opts = tools::ExportOptions {
+                same_owner: a.same_owner,
+            };
+            let progress = Progress::new("export", Format::Human);
+            tools::export_dir(r, &a.path, d, opts, &mut |n| progress.update(n))
+        }
+        (None, Some(f)) if f.as_os_str() == "-" => tools::export_tar(
+            r,
+            &a.path,
+            &mut std::io::BufWriter::new(std::io::stdout().lock()),
+        ),
+        (None, Some(f)) => export_tar_file(r, &a.path, f, &t.store, a.force),
+        _ => Err("give either DIR or --tar FILE".to_string()),
+    })?;
+    output::exported(report.files, report.dirs, report.bytes);
+    Ok(0)
+}
+
+/// A tar file made here and synced; nothing is left of it if writing fails.
+fn export_tar_file(
+    r: &ReadTxn,
+    path: &str,
+    out: &Path,
+    store: &Path,
+    force: bool,
+) -> Result<tools::ExportReport, String> {
+    refuse_overwriting_a_store(out, store)?;
+    let file = crate::private::create_output(out, force)?;
+    let made = file.metadata().map_err(|e| e.to_string())?;
+    let mut w = std::io::BufWriter::new(file);
+    let written = tools::export_tar(r, path, &mut w).and_then(|rep| {
+        w.into_inner()
+            .map_err(|e| e.to_string())?
+            .sync_all()
+            .map_err(|e| e.to_string())?;
+        Ok(rep)
+    });
+    if written.is_err() {
+        // Nothing is left of a failed export: the file it made goes.
+        remove_if_same(out, &made);
+    }
+    written
+}
+
+pub(super) fn import(a: Import) -> Result<i32, String> {
+    let f = Format::of(a.json);
+    let dir = mount::absolute(&a.dir)?;
+    if !dir.is_dir() {
+        return Err(format!("{}: not a directory", dir.display()));
+    }
+    let t = Target::resolve_or_new(&a.store)?;
+    let req = json!({"op": "import", "dir": dir, "into": a.into, "strict": a.strict});
+    let v = t.run(req, |_| {
+        let report = import_into_file(&t.store, &dir, &a.into, a.strict, f)?;
+        Ok(json!({"import": report}))
+    })?;
+    output::imported(&v["import"], f);
+    Ok(0)
+}
+
+/// Imports into an unmounted store file, made if missing; a store this import made, and
+/// failed to fill, does not stay.
+fn import_into_file(
+    store: &Path,
+    dir: &Path,
+    into: &str,
+    strict: bool,
+    f: Format,
+) -> Result<serde_json::Value, String> {
+    let owner = (
+        nix::unistd::getuid().as_raw(),
+        nix::unistd::getgid().as_raw(),
+    );
+    let existed = std::fs::symlink_metadata(store).is_ok();
+    let s = Store::open_or_create(store, owner).map_err(|e| e.to_string())?;
+    let made = std::fs::symlink_metadata(store).map_err(|e| e.to_string())?;
+    let limits = crate::fs::Limits::stored(&s);
+    let progress = Progress::new("import", f);
+    let report = tools::import(&s, &limits, dir, into, strict, &mut |n| progress.update(n));
+    drop(progress);
+    if report.is_err() && !existed {
+        drop(s);
+        remove_if_same(store, &made);
+    }
+    serde_json::to_value(report?).map_err(|e| e.to_string())
+}
+
+/// Refuses an output file that is a store, a write-ahead log, or a file kept beside the store
+/// being read (its log, its socket), whatever `--force` says: same device and inode, or a
+/// store's magic number.
+fn refuse_overwriting_a_store(out: &Path, store: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(out) else {
+        return Ok(());
+    };
+    let beside = |suffix: &str| {
+        let mut p = store.as_os_str().to_owned();
+        p.push(suffix);
+        PathBuf::from(p)
+    };
+    let kept = [
+        store.to_path_buf(),
+        crate::store::wal::path_of(store),
+        beside(".log"),
+        beside(".sock"),
+    ];
+    let same = kept
+        .iter()
+        .any(|k| std::fs::metadata(k).is_ok_and(|k| k.dev() == m.dev() && k.ino() == m.ino()));
+    if same || crate::store::is_store_file(out) {
+        return Err(format!(
+            "{}: is a store or a file redbfs keeps beside one; export never writes over it \
+             (give another name)",
+            out.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Removes `path` if it is still the file described by `made`.
+fn remove_if_same(path: &Path, made: &std::fs::Metadata) {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.dev() == made.dev() && m.ino() == made.ino())
+    {
+        let _ = std::fs::remove_file(path);
+    }
+}
