@@ -161,9 +161,13 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
-    /// Copy a directory's tree into a store (created if missing) in one transaction.
+    /// Copy a directory's tree, or a tar archive's, into a store (created if missing) in one
+    /// transaction.
+    #[command(allow_missing_positional = true)]
     Import {
-        dir: PathBuf,
+        /// The directory to copy (or give --tar FILE instead).
+        #[arg(required_unless_present = "tar", conflicts_with = "tar")]
+        dir: Option<PathBuf>,
         /// A store file or a mountpoint.
         store: PathBuf,
         /// Where in the store to put it.
@@ -174,6 +178,9 @@ enum Cmd {
         strict: bool,
         #[arg(long)]
         json: bool,
+        /// Copy the files and directories of this tar archive instead of a directory.
+        #[arg(long, value_name = "FILE")]
+        tar: Option<PathBuf>,
     },
     /// List a directory of a store (mounted or not).
     Ls {
@@ -701,16 +708,21 @@ fn run(cli: Cli) -> Result<i32, String> {
             into,
             strict,
             json,
+            tar,
         } => {
-            let dir = mount::absolute(&dir)?;
-            if !dir.is_dir() {
+            let (key, dir) = match (&dir, &tar) {
+                (_, Some(t)) => ("tar", mount::absolute(t)?),
+                (Some(d), None) => ("dir", mount::absolute(d)?),
+                (None, None) => return Err("give DIR or --tar FILE".into()),
+            };
+            if tar.is_none() && !dir.is_dir() {
                 return Err(format!("{}: not a directory", dir.display()));
             }
             let abs = mount::absolute(&store)?;
             let report =
                 match Target::resolve(&abs) {
                     Ok(t) if t.mountpoint.is_some() => t
-                        .ask(json!({"op": "import", "dir": dir, "into": into, "strict": strict}))?
+                        .ask(json!({"op": "import", key: dir, "into": into, "strict": strict}))?
                         ["import"]
                         .clone(),
                     _ => {
@@ -723,7 +735,12 @@ fn run(cli: Cli) -> Result<i32, String> {
                         let made = std::fs::symlink_metadata(&abs).map_err(|e| e.to_string())?;
                         let limits = crate::fs::Limits::stored(&s);
                         let mut progress = Progress::new("import");
-                        let report = tools::import(&s, &limits, &dir, &into, strict, &mut |n| {
+                        let import = if tar.is_some() {
+                            tools::import_tar
+                        } else {
+                            tools::import
+                        };
+                        let report = import(&s, &limits, &dir, &into, strict, &mut |n| {
                             progress.update(n)
                         });
                         progress.finish();
