@@ -261,6 +261,9 @@ impl<'a> ArchiveStage<'a> {
         entry: &mut Entry<'_, R>,
         report: &mut ImportReport,
     ) -> Result<()> {
+        if entry.header().entry_type() == EntryType::XGlobalHeader {
+            return Ok(()); // pax defaults for the entries after it, not an entry
+        }
         let raw = entry.path_bytes().into_owned();
         let path = shown(&raw);
         let names = match self.names(&raw) {
