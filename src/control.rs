@@ -3,7 +3,7 @@
 //! store through it, because the daemon owns the store file.
 //!
 //! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
-//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}`, and the read-only queries of
+//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), and the read-only queries of
 //! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
@@ -139,13 +139,21 @@ impl Daemon {
     }
 
     fn import(&self, req: &Value) -> Value {
-        let Some(dir) = req.get("dir").and_then(Value::as_str) else {
-            return json!({"ok": false, "error": "import needs \"dir\""});
+        // A directory, or a tar archive with "tar".
+        let (dir, tar) = match (req.get("dir"), req.get("tar")) {
+            (Some(Value::String(d)), None) => (d.as_str(), false),
+            (None, Some(Value::String(t))) => (t.as_str(), true),
+            _ => return json!({"ok": false, "error": "import needs \"dir\" or \"tar\""}),
+        };
+        let import = if tar {
+            tools::import_tar
+        } else {
+            tools::import
         };
         let into = req.get("into").and_then(Value::as_str).unwrap_or("/");
         let strict = req.get("strict").and_then(Value::as_bool).unwrap_or(false);
         let answer = self.fs().and_then(|fs| {
-            tools::import(
+            import(
                 fs.store(),
                 fs.limits(),
                 Path::new(dir),

@@ -3,17 +3,16 @@
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
-//! `ratelimit` keeps repeated log lines to one per interval.
+//! `ratelimit` keeps repeated log lines to one per interval; `tools` are the operations on a
+//! store file (snapshot, export, import, history ...) the CLI and the control socket share.
 
 pub mod check;
 pub mod cli;
 pub mod control;
-pub mod diff;
 pub mod fs;
 pub mod fuse;
 pub mod mount;
 pub mod private;
 pub mod ratelimit;
 pub mod store;
-pub mod tar;
 pub mod tools;

@@ -672,3 +672,189 @@ fn read_only_commands_never_write_to_a_store() {
         "v2"
     );
 }
+
+/// `import --tar` is the inverse of `export --tar`: names (Unicode, long), modes, nanosecond
+/// mtimes and content come back, from the file and through the daemon of a mounted store; an
+/// archive GNU tar wrote (pax, with its `./` entry) imports the same way.
+#[test]
+fn import_tar_round_trips_what_export_tar_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    sample_tree(&src);
+    let store = dir.path().join("s.redb");
+    ok(redbfs(&["import", s(&src), s(&store)]));
+    let tar = dir.path().join("x.tar");
+    ok(redbfs(&["export", s(&store), "--tar", s(&tar)]));
+
+    let back = dir.path().join("back.redb");
+    ok(redbfs(&["import", "--tar", s(&tar), s(&back)]));
+    assert!(ok(redbfs(&["check", s(&back)])).contains("clean"));
+    let out = dir.path().join("out");
+    ok(redbfs(&["export", s(&back), s(&out)]));
+    assert_eq!(read_tree(&out), read_tree(&src));
+
+    let gnu = dir.path().join("gnu.tar");
+    let st = Command::new("tar")
+        .args(["--format=posix", "-cf", s(&gnu), "-C", s(&src), "."])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let from_gnu = dir.path().join("gnu.redb");
+    let report = ok(redbfs(&[
+        "import",
+        "--tar",
+        s(&gnu),
+        s(&from_gnu),
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(v["skipped"], serde_json::json!([]), "{v}");
+    let out2 = dir.path().join("out2");
+    ok(redbfs(&["export", s(&from_gnu), s(&out2)]));
+    assert_eq!(read_tree(&out2), read_tree(&src));
+
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    ok(redbfs(&[
+        "import",
+        "--tar",
+        s(&tar),
+        s(&m.mountpoint),
+        "--into",
+        "/",
+    ]));
+    assert_eq!(
+        std::fs::read(m.path("memories/big.bin")).unwrap(),
+        std::fs::read(src.join("memories/big.bin")).unwrap()
+    );
+    ok(redbfs(&["check", s(&m.mountpoint)]));
+}
+
+/// One raw tar entry (GNU header, the name written as given: the tar crate's own path setter
+/// refuses `..` and absolute paths, which is what this archive is made of).
+fn raw_entry(
+    ar: &mut tar::Builder<std::fs::File>,
+    name: &str,
+    kind: tar::EntryType,
+    link: Option<&str>,
+    data: &[u8],
+) {
+    let mut h = tar::Header::new_gnu();
+    h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+    if let Some(l) = link {
+        h.as_old_mut().linkname[..l.len()].copy_from_slice(l.as_bytes());
+    }
+    h.set_entry_type(kind);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_size(data.len() as u64);
+    h.set_mtime(1_700_000_000);
+    h.set_cksum();
+    ar.append(&h, data).unwrap();
+}
+
+/// A hostile archive: `../evil`, an absolute path, `a/../../evil`, a symlink and a file below
+/// it, a hard link, a device, and an entry over `--max-file-bytes`. Each is skipped and listed,
+/// the good entries land below `--into`, and nothing is written outside it, in the store or
+/// on the host. `--strict` refuses the whole archive.
+#[test]
+fn import_tar_skips_and_lists_what_would_leave_the_target_or_break_a_limit() {
+    use tar::EntryType;
+    let dir = tempfile::tempdir().unwrap();
+    let abs = dir.path().join("abs-evil");
+    let tar_path = dir.path().join("evil.tar");
+    let mut ar = tar::Builder::new(std::fs::File::create(&tar_path).unwrap());
+    raw_entry(&mut ar, "good.md", EntryType::Regular, None, b"fine");
+    raw_entry(&mut ar, "../evil", EntryType::Regular, None, b"escaped");
+    raw_entry(&mut ar, s(&abs), EntryType::Regular, None, b"escaped");
+    raw_entry(
+        &mut ar,
+        "d/../../evil2",
+        EntryType::Regular,
+        None,
+        b"escaped",
+    );
+    raw_entry(&mut ar, "link", EntryType::Symlink, Some("/etc"), b"");
+    raw_entry(&mut ar, "link/passwd", EntryType::Regular, None, b"root::0");
+    raw_entry(&mut ar, "hard", EntryType::Link, Some("good.md"), b"");
+    raw_entry(&mut ar, "tty", EntryType::Char, None, b"");
+    raw_entry(
+        &mut ar,
+        "deep/huge.bin",
+        EntryType::Regular,
+        None,
+        &[7u8; 5000],
+    );
+    raw_entry(&mut ar, "deep/small.md", EntryType::Regular, None, b"small");
+    ar.into_inner().unwrap();
+
+    let path = dir.path().join("s.redb");
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    let limits = redbfs::fs::Limits {
+        max_file_bytes: 1000,
+        ..Default::default()
+    };
+    let mut w = store.write().unwrap();
+    let ino = w.alloc_ino().unwrap();
+    let mut sub = w.inode(ROOT_INO).unwrap().unwrap();
+    sub.ino = ino;
+    sub.parent = ROOT_INO;
+    sub.name = "sub".into();
+    w.put_inode(&sub).unwrap();
+    w.put_dirent(ROOT_INO, "sub", ino, Kind::Dir).unwrap();
+    let mut root = w.inode(ROOT_INO).unwrap().unwrap();
+    root.nlink += 1;
+    w.put_inode(&root).unwrap();
+    w.commit(Sync::Durable).unwrap();
+
+    let strict = redbfs::tools::import_tar(&store, &limits, &tar_path, "/sub", true, &mut |_| {});
+    let e = strict.unwrap_err();
+    assert!(e.starts_with("--strict: "), "{e}");
+    let report =
+        redbfs::tools::import_tar(&store, &limits, &tar_path, "/sub", false, &mut |_| {}).unwrap();
+    let skipped: BTreeMap<String, String> = report.skipped.iter().cloned().collect();
+    let abs_shown = s(&abs).to_string();
+    for (p, why) in [
+        ("../evil", "\"..\" in the path"),
+        (abs_shown.as_str(), "absolute path"),
+        ("d/../../evil2", "\"..\" in the path"),
+        ("link", "symlink"),
+        ("link/passwd", "below an entry that was skipped"),
+        ("hard", "hard link"),
+        ("tty", "special file"),
+        ("deep/huge.bin", "over --max-file-bytes 1000"),
+    ] {
+        let got = skipped
+            .get(p)
+            .unwrap_or_else(|| panic!("{p} not listed: {skipped:?}"));
+        assert!(got.contains(why), "{p}: {got:?} lacks {why:?}");
+    }
+    assert_eq!(report.skipped.len(), 8, "{skipped:?}");
+    assert_eq!((report.files, report.dirs), (2, 1), "{report:?}");
+
+    let r = store.read().unwrap();
+    let all: Vec<String> = redbfs::tools::tree(&r, "/")
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.path)
+        .collect();
+    assert_eq!(
+        all,
+        [
+            "/",
+            "/sub",
+            "/sub/deep",
+            "/sub/deep/small.md",
+            "/sub/good.md"
+        ]
+    );
+    assert_eq!(redbfs::tools::cat(&r, "/sub/good.md").unwrap(), b"fine");
+    assert!(!abs.exists() && !dir.path().join("evil").exists());
+    assert!(!dir.path().parent().unwrap().join("evil").exists());
+    drop(r);
+    drop(store);
+    assert!(ok(redbfs(&["check", s(&path)])).contains("clean"));
+}

@@ -55,7 +55,8 @@ pub(super) enum Cmd {
     Restore(Restore),
     /// Write a store's tree, with modes and mtimes, to a new directory or a tar file.
     Export(Export),
-    /// Copy a directory's tree into a store (created if missing) in one transaction.
+    /// Copy a directory's tree, or a tar archive's, into a store (created if missing) in one
+    /// transaction.
     Import(Import),
     /// List a directory of a store (mounted or not).
     Ls(Ls),
@@ -213,8 +214,11 @@ pub(super) struct Export {
 }
 
 #[derive(Args, Debug)]
+#[command(allow_missing_positional = true)]
 pub(super) struct Import {
-    pub dir: PathBuf,
+    /// The directory to copy (or give --tar FILE instead).
+    #[arg(required_unless_present = "tar", conflicts_with = "tar")]
+    pub dir: Option<PathBuf>,
     /// A store file or a mountpoint.
     pub store: PathBuf,
     /// Where in the store to put it.
@@ -225,6 +229,9 @@ pub(super) struct Import {
     pub strict: bool,
     #[arg(long)]
     pub json: bool,
+    /// Copy the files and directories of this tar archive instead of a directory.
+    #[arg(long, value_name = "FILE")]
+    pub tar: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -113,14 +113,18 @@ fn export_tar_file(
 
 pub(super) fn import(a: Import) -> Result<i32, String> {
     let f = Format::of(a.json);
-    let dir = mount::absolute(&a.dir)?;
-    if !dir.is_dir() {
-        return Err(format!("{}: not a directory", dir.display()));
+    let (key, src) = match (&a.dir, &a.tar) {
+        (_, Some(t)) => ("tar", mount::absolute(t)?),
+        (Some(d), None) => ("dir", mount::absolute(d)?),
+        (None, None) => return Err("give DIR or --tar FILE".into()),
+    };
+    if a.tar.is_none() && !src.is_dir() {
+        return Err(format!("{}: not a directory", src.display()));
     }
     let t = Target::resolve_or_new(&a.store)?;
-    let req = json!({"op": "import", "dir": dir, "into": a.into, "strict": a.strict});
+    let req = json!({"op": "import", key: src, "into": a.into, "strict": a.strict});
     let v = t.run(req, |_| {
-        let report = import_into_file(&t.store, &dir, &a.into, a.strict, f)?;
+        let report = import_into_file(&t.store, &src, a.tar.is_some(), &a.into, a.strict, f)?;
         Ok(json!({"import": report}))
     })?;
     output::imported(&v["import"], f);
@@ -131,7 +135,8 @@ pub(super) fn import(a: Import) -> Result<i32, String> {
 /// failed to fill, does not stay.
 fn import_into_file(
     store: &Path,
-    dir: &Path,
+    src: &Path,
+    tar: bool,
     into: &str,
     strict: bool,
     f: Format,
@@ -145,7 +150,12 @@ fn import_into_file(
     let made = std::fs::symlink_metadata(store).map_err(|e| e.to_string())?;
     let limits = crate::fs::Limits::stored(&s);
     let progress = Progress::new("import", f);
-    let report = tools::import(&s, &limits, dir, into, strict, &mut |n| progress.update(n));
+    let import = if tar {
+        tools::import_tar
+    } else {
+        tools::import
+    };
+    let report = import(&s, &limits, src, into, strict, &mut |n| progress.update(n));
     drop(progress);
     if report.is_err() && !existed {
         drop(s);

@@ -1,0 +1,170 @@
+//! Backup: `snapshot` (a consistent, checked copy of a store), `restore` (a checked copy put
+//! in place in one rename, keeping the replaced store) and `verify`, which both rely on.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::common::{Result, err};
+use crate::private::parent_dir;
+use crate::store::disk::Disk;
+use crate::store::{CopyStats, ReadTxn, Store, now_ns};
+
+/// What `snapshot` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotInfo {
+    pub out: PathBuf,
+    pub entries: u64,
+    pub bytes: u64,
+    pub file_bytes: u64,
+    pub seconds: f64,
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| format!("{}: {e}", dir.display()))
+}
+
+/// Opens a store file and checks it: redb's integrity check plus every invariant.
+pub fn verify(path: &Path) -> Result<()> {
+    verify_on(&Disk::Host, path)
+}
+
+fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
+    let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
+    if !s.check_integrity().map_err(err)? {
+        return Err(format!("{}: redb had to repair the file", path.display()));
+    }
+    let findings = crate::check::invariants(&s.read().map_err(err)?).map_err(err)?;
+    if let Some(f) = findings.first() {
+        return Err(format!(
+            "{}: {f} ({} findings)",
+            path.display(),
+            findings.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `snapshot`: a consistent copy of what `r` sees, written to a temporary name, fsynced,
+/// renamed into place with mode 0600, then opened and checked. `progress` hears the records
+/// copied so far.
+pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<SnapshotInfo> {
+    let started = std::time::Instant::now();
+    if out.exists() {
+        return Err(format!(
+            "{}: already exists; snapshot writes a new file",
+            out.display()
+        ));
+    }
+    crate::private::check_store_dir(out)?;
+    let dir = parent_dir(out);
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        out.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let copied: std::result::Result<CopyStats, String> = r.copy_to(&tmp, progress).map_err(err);
+    let stats = match copied {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW, and synced it.
+    let finish = || -> Result<()> {
+        verify(&tmp)?;
+        // Never replaces what appeared at `out` meanwhile.
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &tmp,
+            nix::fcntl::AT_FDCWD,
+            out,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|e| format!("{}: {e}", out.display()))?;
+        fsync_dir(&dir)
+    };
+    if let Err(e) = finish() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(SnapshotInfo {
+        out: out.to_path_buf(),
+        entries: stats.entries,
+        bytes: stats.bytes,
+        file_bytes: std::fs::metadata(out).map(|m| m.len()).unwrap_or(0),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// `restore`: checks the snapshot, then replaces `store` with a copy of it in one rename; the
+/// replaced file stays as `STORE.before-restore-<unix seconds>` unless `discard_current`.
+pub fn restore(
+    snapshot_path: &Path,
+    store: &Path,
+    discard_current: bool,
+) -> Result<Option<PathBuf>> {
+    restore_on(&Disk::Host, snapshot_path, store, discard_current)
+}
+
+/// `restore` on `disk` (the power-cut tests run it on a simulated disk).
+#[doc(hidden)]
+pub fn restore_on(
+    disk: &Disk,
+    snapshot_path: &Path,
+    store: &Path,
+    discard_current: bool,
+) -> Result<Option<PathBuf>> {
+    crate::private::check_store_dir(store)?;
+    let dir = parent_dir(store);
+    let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
+    let _ = disk.remove(&tmp);
+    // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
+    // check may write to the file it checks) and then put in place.
+    let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
+        verify_on(disk, &tmp).map_err(|e| {
+            e.replace(
+                &tmp.display().to_string(),
+                &snapshot_path.display().to_string(),
+            )
+        })
+    });
+    if let Err(e) = copied {
+        let _ = disk.remove(&tmp);
+        return Err(e);
+    }
+    // A store left by a crash may hold commits only in its log: opening it applies them, so
+    // the file kept below is complete. A log that cannot be applied goes with the old file.
+    let log = crate::store::wal::path_of(store);
+    if disk.exists(&log) {
+        drop(Store::open_existing_on(disk.clone(), store));
+    }
+    let mut kept = None;
+    if disk.exists(store) && !discard_current {
+        let secs = now_ns() / 1_000_000_000;
+        let mut k = store.as_os_str().to_owned();
+        k.push(format!(".before-restore-{secs}"));
+        let k = PathBuf::from(k);
+        disk.hard_link(store, &k)
+            .map_err(|e| format!("keeping {}: {e}", store.display()))?;
+        kept = Some(k);
+    }
+    if disk.exists(&log) {
+        let moved = match &kept {
+            Some(k) => disk.rename(&log, &crate::store::wal::path_of(k)),
+            None => disk.remove(&log),
+        };
+        moved.map_err(|e| format!("{}: {e}", log.display()))?;
+    }
+    disk.rename(&tmp, store)
+        .map_err(|e| format!("{}: {e}", store.display()))?;
+    disk.sync_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(kept)
+}

@@ -1,0 +1,125 @@
+//! Inspection: `ls`, `cat`, `du` and `stats` of a store (`tree` is the shared walk in
+//! `common`). Read-only: each answers from one read transaction, mounted or not.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::common::{EntryInfo, Result, err, info, join, lookup_path, read_content, tree};
+use crate::store::{Inode, Kind, ROOT_INO, ReadTxn};
+
+/// `ls`: a directory's entries, or the file itself.
+pub fn ls(r: &ReadTxn, path: &str) -> Result<Vec<EntryInfo>> {
+    let (inode, canon) = lookup_path(r, path)?;
+    if inode.kind == Kind::File {
+        return Ok(vec![info(canon, &inode)]);
+    }
+    let mut out = Vec::new();
+    for e in r.list(inode.ino).map_err(err)? {
+        let i = r
+            .inode(e.ino)
+            .map_err(err)?
+            .ok_or_else(|| format!("missing inode {}", e.ino))?;
+        out.push(info(join(&canon, &e.name), &i));
+    }
+    Ok(out)
+}
+
+/// `cat`: one file's content.
+pub fn cat(r: &ReadTxn, path: &str) -> Result<Vec<u8>> {
+    let (inode, canon) = lookup_path(r, path)?;
+    if inode.kind != Kind::File {
+        return Err(format!("{canon}: is a directory"));
+    }
+    read_content(r, &inode)
+}
+
+/// What `du` reports.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct DuInfo {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+}
+
+/// `du`: files, directories and content bytes at and below `path`.
+pub fn du(r: &ReadTxn, path: &str) -> Result<DuInfo> {
+    let mut d = DuInfo::default();
+    for (_, e) in tree(r, path)? {
+        match e.kind {
+            "file" => {
+                d.files += 1;
+                d.bytes += e.size;
+            }
+            _ => d.dirs += 1,
+        }
+    }
+    Ok(d)
+}
+
+/// What `stats` reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct StatsInfo {
+    pub files: u64,
+    pub dirs: u64,
+    pub content_bytes: u64,
+    pub store_bytes: u64,
+    pub largest: Vec<(String, u64)>,
+    pub last_commit_ns: Option<i64>,
+}
+
+/// `stats`: counts, the largest files, the store file's size and the last commit time.
+pub fn stats(r: &ReadTxn, store_bytes: u64) -> Result<StatsInfo> {
+    let usage = r.usage().map_err(err)?;
+    let mut files: Vec<Inode> = r
+        .all_inodes()
+        .map_err(err)?
+        .into_iter()
+        .filter(|i| i.kind == Kind::File && i.nlink > 0)
+        .collect();
+    files.sort_by(|a, b| b.size.cmp(&a.size).then(a.ino.cmp(&b.ino)));
+    files.truncate(10);
+    let paths = PathIndex::new(r)?;
+    Ok(StatsInfo {
+        files: usage.files,
+        dirs: usage.dirs,
+        content_bytes: usage.content_bytes,
+        store_bytes,
+        largest: files.iter().map(|i| (paths.path(i.ino), i.size)).collect(),
+        last_commit_ns: r.last_commit().map_err(err)?,
+    })
+}
+
+/// Paths of inodes, from their parent pointers.
+struct PathIndex {
+    inodes: HashMap<u64, (u64, String)>,
+}
+
+impl PathIndex {
+    fn new(r: &ReadTxn) -> Result<PathIndex> {
+        Ok(PathIndex {
+            inodes: r
+                .all_inodes()
+                .map_err(err)?
+                .into_iter()
+                .map(|i| (i.ino, (i.parent, i.name)))
+                .collect(),
+        })
+    }
+
+    fn path(&self, ino: u64) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO && parts.len() <= self.inodes.len() {
+            match self.inodes.get(&cur) {
+                Some((p, n)) => {
+                    parts.push(n.as_str());
+                    cur = *p;
+                }
+                None => break,
+            }
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
+    }
+}

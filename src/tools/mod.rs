@@ -1,0 +1,26 @@
+//! Operations on a store file, outside the filesystem's request path, one module per family:
+//! `inspection` (ls, cat, du, stats), `backup` (snapshot, restore, verify), `transfer`
+//! (export and import, of a directory or a tar archive), `maintenance` (expiry, repair) and
+//! `history` (log, show, diff of a point). `common` holds what they share (an entry, the walk
+//! of a tree, a file's content, durations and dates); no family imports another. `request`
+//! answers the JSON requests of the control socket and the CLI by calling the families. The
+//! CLI runs them on an unmounted store directly and the daemon runs the read-only ones for a
+//! mounted store, so both give the same answers.
+
+mod backup;
+mod common;
+mod history;
+mod inspection;
+mod maintenance;
+mod request;
+mod transfer;
+
+pub use backup::{SnapshotInfo, restore, restore_on, snapshot, verify};
+pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
+pub use history::{at_point, diff, log, resolve_point, show_at};
+pub use inspection::{DuInfo, StatsInfo, cat, du, ls, stats};
+pub use maintenance::{remove_files, repair, unused_since};
+pub use request::{content_of, history_change, query};
+pub use transfer::{
+    ExportOptions, ExportReport, ImportReport, export_dir, export_tar, import, import_tar,
+};

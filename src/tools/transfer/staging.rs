@@ -1,0 +1,273 @@
+//! The half of an import a directory and a tar archive share: the name rules and path limits
+//! an entry passes to be staged, the staged entries with their content (an anonymous
+//! temporary file), and the one write transaction that adds them to the store.
+
+use std::io::Write;
+
+use serde::Serialize;
+
+use super::super::common::{Result, err, lookup_path};
+use crate::fs::{Limits, Name};
+use crate::store::{CHUNK_SIZE, Inode, Kind, Store, Sync, WriteTxn, now_ns};
+
+/// What `import` did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ImportReport {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    /// (path, reason) of everything left out.
+    pub skipped: Vec<(String, String)>,
+}
+
+impl ImportReport {
+    pub(super) fn skip(&mut self, path: String, why: impl Into<String>) {
+        self.skipped.push((path, why.into()));
+    }
+}
+
+pub(super) const SYMLINK: &str = "symlink: only regular files and directories exist in a store";
+pub(super) const SPECIAL: &str =
+    "special file: only regular files and directories exist in a store";
+
+pub(super) fn time_ns(secs: i64, nsec: i64) -> i64 {
+    secs.saturating_mul(1_000_000_000).saturating_add(nsec)
+}
+
+/// One entry read from the source, waiting for the commit.
+pub(super) struct Staged {
+    /// Its parent among the staged entries; None: the import's target directory.
+    pub parent: Option<usize>,
+    pub name: String,
+    /// Shown in the skip list.
+    pub path: String,
+    pub kind: Kind,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub atime: i64,
+    pub mtime: i64,
+    /// Where its content lies in the staging file, and how long it is.
+    pub content: (u64, u64),
+}
+
+/// The content of staged files: an anonymous temporary file, gone when dropped.
+#[derive(Default)]
+pub(super) struct Staging {
+    file: Option<std::fs::File>,
+    len: u64,
+}
+
+impl Staging {
+    pub fn put(&mut self, data: &[u8]) -> Result<(u64, u64)> {
+        if self.file.is_none() {
+            self.file = Some(tempfile::tempfile().map_err(|e| format!("staging file: {e}"))?);
+        }
+        let f = self.file.as_mut().expect("just made");
+        f.write_all(data)
+            .map_err(|e| format!("staging file: {e}"))?;
+        let at = self.len;
+        self.len += data.len() as u64;
+        Ok((at, data.len() as u64))
+    }
+
+    fn get(&self, (at, len): (u64, u64)) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut data = vec![0u8; len as usize];
+        if len > 0 {
+            self.file
+                .as_ref()
+                .ok_or("staging file missing")?
+                .read_exact_at(&mut data, at)
+                .map_err(|e| format!("staging file: {e}"))?;
+        }
+        Ok(data)
+    }
+}
+
+/// Where an import goes: the target directory's inode, and its depth and path bytes in the
+/// store (what the limits count from).
+pub(super) struct Target {
+    pub ino: u64,
+    pub depth: usize,
+    pub bytes: usize,
+}
+
+/// The directory `into` of the store, which an import goes below.
+pub(super) fn target(store: &Store, into: &str) -> Result<Target> {
+    let (target, canon) = lookup_path(&store.read().map_err(err)?, into)?;
+    if target.kind != Kind::Dir {
+        return Err(format!("{into}: not a directory in the store"));
+    }
+    let (depth, bytes) = if canon == "/" {
+        (0, 0)
+    } else {
+        (canon.matches('/').count(), canon.len())
+    };
+    Ok(Target {
+        ino: target.ino,
+        depth,
+        bytes,
+    })
+}
+
+/// The name `raw` takes in the store, as an entry at `depth` below a directory whose path has
+/// `parent_bytes` bytes: the same rules and limits as an entry made through the mount, never
+/// deeper, never longer. Err: why it has no place, for the skip list.
+pub(super) fn admit(
+    limits: &Limits,
+    raw: &[u8],
+    depth: usize,
+    parent_bytes: usize,
+) -> std::result::Result<Name, String> {
+    let name = Name::parse(raw, limits.names).map_err(|e| e.to_string())?;
+    if depth > limits.max_depth {
+        return Err(format!(
+            "would be {depth} levels deep, over --max-depth {}",
+            limits.max_depth
+        ));
+    }
+    let bytes = parent_bytes + 1 + name.as_str().len();
+    if bytes > limits.max_path_bytes {
+        return Err(format!(
+            "path would be {bytes} bytes, over --max-path-bytes {}",
+            limits.max_path_bytes
+        ));
+    }
+    Ok(name)
+}
+
+/// Ends an import: with `strict`, anything skipped refuses it; otherwise the staged entries
+/// go below `target` in one durable write transaction that reads nothing but the staged copy.
+pub(super) fn commit(
+    store: &Store,
+    limits: &Limits,
+    staged: &(Vec<Staged>, Staging),
+    target: u64,
+    strict: bool,
+    report: &mut ImportReport,
+) -> Result<()> {
+    let strict_error = |report: &ImportReport| {
+        let (p, why) = &report.skipped[0];
+        format!(
+            "--strict: {p}: {why} ({} entries would be skipped)",
+            report.skipped.len()
+        )
+    };
+    if strict && !report.skipped.is_empty() {
+        return Err(strict_error(report));
+    }
+    let mut w = store.write().map_err(err)?;
+    commit_staged(&mut w, limits, staged, target, report)?;
+    if strict && !report.skipped.is_empty() {
+        return Err(strict_error(report));
+    }
+    w.commit(Sync::Durable).map_err(err)
+}
+
+/// Writes the staged entries below `target` in `w`. A directory that already exists takes the
+/// staged one's entries; any other name that exists is skipped with what was staged below it.
+///
+/// `--max-files` and `--quota` hold here, counting what the store holds already: an entry that
+/// would take the store past either is skipped and listed (a directory with all below it).
+fn commit_staged(
+    w: &mut WriteTxn<'_>,
+    limits: &Limits,
+    (staged, staging): &(Vec<Staged>, Staging),
+    target: u64,
+    report: &mut ImportReport,
+) -> Result<()> {
+    // The inode each staged directory became (None: skipped, and so is everything below it).
+    let mut made: Vec<Option<u64>> = Vec::with_capacity(staged.len());
+    let now = now_ns();
+    let usage = w.usage().map_err(err)?;
+    let mut entries = usage.files + usage.dirs;
+    let mut content = usage.content_bytes;
+    for e in staged {
+        let parent = match e.parent {
+            None => Some(target),
+            Some(i) => made[i],
+        };
+        let Some(parent) = parent else {
+            made.push(None);
+            continue;
+        };
+        match w.lookup(parent, &e.name).map_err(err)? {
+            Some((ino, Kind::Dir)) if e.kind == Kind::Dir => {
+                made.push(Some(ino));
+                continue;
+            }
+            Some(_) => {
+                report.skip(e.path.clone(), "already exists in the store");
+                made.push(None);
+                continue;
+            }
+            None => {}
+        }
+        // A staged file's content is (offset, length) in the staging file.
+        let size = if e.kind == Kind::File { e.content.1 } else { 0 };
+        if entries >= limits.max_files {
+            report.skip(
+                e.path.clone(),
+                format!("over --max-files {}", limits.max_files),
+            );
+        } else if limits.quota_bytes > 0 && content + size > limits.quota_bytes {
+            let why = format!("over --quota {} content bytes", limits.quota_bytes);
+            report.skip(e.path.clone(), why);
+        } else {
+            entries += 1;
+            content += size;
+            made.push(add_entry(w, e, (parent, now), staging, report)?);
+            continue;
+        }
+        made.push(None);
+    }
+    Ok(())
+}
+
+/// Adds one staged entry below `parent`, made at `now`; Some(its inode) for a directory.
+fn add_entry(
+    w: &mut WriteTxn<'_>,
+    e: &Staged,
+    (parent, now): (u64, i64),
+    staging: &Staging,
+    report: &mut ImportReport,
+) -> Result<Option<u64>> {
+    let is_dir = e.kind == Kind::Dir;
+    let mut inode = Inode {
+        ino: w.alloc_ino().map_err(err)?,
+        kind: e.kind,
+        perm: e.perm,
+        uid: e.uid,
+        gid: e.gid,
+        size: 0,
+        nlink: if is_dir { 2 } else { 1 },
+        parent,
+        atime: e.atime,
+        mtime: e.mtime,
+        ctime: now,
+        crtime: now,
+        name: e.name.clone(),
+    };
+    if is_dir {
+        w.put_inode(&inode).map_err(err)?;
+        w.put_dirent(parent, &e.name, inode.ino, e.kind)
+            .map_err(err)?;
+        let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
+        p.nlink += 1;
+        w.put_inode(&p).map_err(err)?;
+        report.dirs += 1;
+        return Ok(Some(inode.ino));
+    }
+    let data = staging.get(e.content)?;
+    inode.size = data.len() as u64;
+    for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
+        w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
+    }
+    w.put_inode(&inode).map_err(err)?;
+    w.put_dirent(parent, &e.name, inode.ino, e.kind)
+        .map_err(err)?;
+    report.files += 1;
+    report.bytes += inode.size;
+    Ok(None)
+}
