@@ -92,6 +92,7 @@ impl Daemon {
                 "commits": commits,
                 "log_bytes": log_bytes,
                 "poisoned": fs.is_poisoned(),
+                "read_only": fs.is_read_only(),
                 "limits": fs.limits(),
                 "conflicts": fs.conflicts(),
                 "kernel_references": fs.referenced(),

@@ -37,6 +37,8 @@ pub struct MountRequest {
     pub argv: Vec<String>,
     /// Set in the background daemon: where to report readiness.
     pub notify_fd: Option<i32>,
+    /// Mount read-only: every change is refused with EROFS (by the kernel and the daemon).
+    pub read_only: bool,
     /// History retention in ns (0 = off); `None` keeps what the store recorded.
     pub keep_history: Option<u64>,
     /// What this attempt has created so far (the daemon's log, directories): removed again if
@@ -336,6 +338,7 @@ fn prepare_mountpoint(mp: &Path, created: &mut Created) -> Result<(), String> {
 fn open_store(
     store_path: &Path,
     overrides: &LimitOverrides,
+    read_only: bool,
     created: &mut Created,
 ) -> Result<(Store, Limits), String> {
     if let Some(parent) = store_path.parent() {
@@ -351,7 +354,10 @@ fn open_store(
     let store = Store::open_or_create(store_path, owner).map_err(|e| match e {
         StoreError::AlreadyOpen(_) => match mountpoint_of_store(store_path) {
             Some(mp) => format!(
-                "store {} is already opened by another redbfs daemon, mounted at {}",
+                "store {} is already opened by another redbfs daemon, mounted at {} (a \
+                 read-only mount too needs the store to itself: redb lets one process at a \
+                 time open the file; browse the mounted one, or `redbfs snapshot` it and \
+                 mount the snapshot read-only)",
                 store_path.display(),
                 mp.display()
             ),
@@ -367,13 +373,15 @@ fn open_store(
     }
     let stored = Limits::stored(&store);
     let limits = overrides.apply(stored.clone());
-    if limits != stored
-        || store
-            .read()
-            .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
-            .ok()
-            .flatten()
-            .is_none()
+    // A read-only mount writes nothing, not even the limits it was given.
+    if !read_only && limits != stored
+        || !read_only
+            && store
+                .read()
+                .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+                .ok()
+                .flatten()
+                .is_none()
     {
         let json = serde_json::to_vec(&limits).map_err(|e| e.to_string())?;
         let w = store.write().map_err(|e| e.to_string())?;
@@ -444,6 +452,7 @@ fn kernel_mount(
     mp: &Path,
     source: &str,
     allow_other: bool,
+    read_only: bool,
     fd: Option<OwnedFd>,
 ) -> Result<Option<OwnedFd>, String> {
     let Some(fd) = fd else {
@@ -462,7 +471,13 @@ fn kernel_mount(
         Some(source),
         mp,
         Some("fuse.redbfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | if read_only {
+                MsFlags::MS_RDONLY
+            } else {
+                MsFlags::empty()
+            },
         Some(opts.as_str()),
     );
     match r {
@@ -480,7 +495,12 @@ fn kernel_mount(
 /// Mounts through fusermount3, which is setuid root: it opens `/dev/fuse`, mounts it at `mp`
 /// and hands the descriptor back over a Unix socket named by `_FUSE_COMMFD` (libfuse's
 /// protocol), for a user who may not do either.
-fn fusermount_mount(mp: &Path, source: &str, allow_other: bool) -> Result<OwnedFd, String> {
+fn fusermount_mount(
+    mp: &Path,
+    source: &str,
+    allow_other: bool,
+    read_only: bool,
+) -> Result<OwnedFd, String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let (ours, theirs) =
         std::os::unix::net::UnixStream::pair().map_err(|e| format!("fusermount3: socket: {e}"))?;
@@ -497,6 +517,9 @@ fn fusermount_mount(mp: &Path, source: &str, allow_other: bool) -> Result<OwnedF
     );
     if allow_other {
         opts.push_str(",allow_other");
+    }
+    if read_only {
+        opts.push_str(",ro");
     }
     let out = Command::new("fusermount3")
         .arg("-o")
@@ -704,9 +727,10 @@ fn run_daemon_inner(
         notify("ready");
     };
     let mp_abs = req.mountpoint_abs()?;
-    let mounted = match kernel_mount(&mp_abs, &source, req.allow_other, fuse_device) {
+    let (other, ro) = (req.allow_other, req.read_only);
+    let mounted = match kernel_mount(&mp_abs, &source, other, ro, fuse_device) {
         Ok(Some(fd)) => Ok(fd),
-        Ok(None) => fusermount_mount(&mp_abs, &source, req.allow_other),
+        Ok(None) => fusermount_mount(&mp_abs, &source, other, ro),
         Err(e) => Err(e),
     };
     let served = match mounted {
@@ -742,7 +766,7 @@ fn open_fs(
     store_path: &Path,
     created: &mut Created,
 ) -> Result<Arc<Fs>, String> {
-    let (store, limits) = open_store(store_path, &req.limits, created)?;
+    let (store, limits) = open_store(store_path, &req.limits, req.read_only, created)?;
     // The session's write-ahead log (the first commit made it): closing the store removes it,
     // and so does a failed attempt.
     created.record(&crate::store::wal::path_of(store_path));
@@ -751,11 +775,15 @@ fn open_fs(
         .and_then(|r| r.meta_u64("keep_history"))
         .map_err(|e| e.to_string())?;
     match (req.keep_history, recorded) {
+        _ if req.read_only => {}
         (Some(k), _) => store.set_keep_history(k).map_err(|e| e.to_string())?,
         (None, None) => store
             .set_keep_history(DEFAULT_KEEP_HISTORY_NS)
             .map_err(|e| e.to_string())?,
         (None, Some(_)) => {}
+    }
+    if req.read_only {
+        return Ok(Arc::new(Fs::new_read_only(store, limits)));
     }
     Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
 }

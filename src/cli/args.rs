@@ -104,6 +104,9 @@ pub(super) struct Mount {
     /// Let other users enter the mount (permissions are still checked by the kernel).
     #[arg(long)]
     pub allow_other: bool,
+    /// Mount read-only: browsing, snapshot and log work; every change gives EROFS.
+    #[arg(long)]
+    pub read_only: bool,
     /// More log: -v logs every request.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,

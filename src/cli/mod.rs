@@ -4,6 +4,7 @@
 //! every line printed, `time` durations and dates.
 
 mod args;
+mod fstab;
 mod history;
 mod inspect;
 mod maintain;
@@ -23,7 +24,19 @@ pub fn main() -> i32 {
     // mountpoint, an export's parents).
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     nix::sys::stat::umask(old | nix::sys::stat::Mode::from_bits_truncate(0o077));
-    let cli = Cli::parse();
+    let subcommands: Vec<String> = <Cli as clap::CommandFactory>::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .chain(["help".to_string()])
+        .collect();
+    let args = match fstab::argv(std::env::args_os().collect(), &subcommands) {
+        Ok(a) => a,
+        Err(e) => {
+            output::error(&e);
+            return 1;
+        }
+    };
+    let cli = Cli::parse_from(args);
     match run(cli.cmd) {
         Ok(code) => code,
         Err(e) => {

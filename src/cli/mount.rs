@@ -61,6 +61,7 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
         limits,
         argv: std::env::args().skip(1).collect(),
         notify_fd: a.notify_fd,
+        read_only: a.read_only,
         keep_history: a.keep_history,
         created,
     })?;

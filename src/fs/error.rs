@@ -54,6 +54,8 @@ pub enum Error {
     LostUpdate {
         maker: u32,
     },
+    /// The mount is read-only (`--read-only`, `-o ro`).
+    ReadOnly,
     /// A previous commit failed; writes are refused until restart.
     Poisoned,
     Store(StoreError),
@@ -86,6 +88,7 @@ impl Error {
             // "Resource temporarily unavailable": the SDK's edit commands re-read the file
             // when the model retries, so a retry applies the edit to the current content.
             Error::LostUpdate { .. } => libc::EAGAIN,
+            Error::ReadOnly => libc::EROFS,
             Error::Poisoned => libc::EIO,
             Error::Store(StoreError::Full | StoreError::NoRoom) => libc::ENOSPC,
             Error::Store(_) => libc::EIO,
@@ -145,6 +148,7 @@ impl fmt::Display for Error {
                 f,
                 "pid {maker} changed the file after this process last read it; read it again and retry (--lost-updates refuse)"
             ),
+            Error::ReadOnly => write!(f, "the mount is read-only (--read-only)"),
             Error::Poisoned => write!(
                 f,
                 "an earlier commit failed; the store refuses writes until the daemon restarts"
@@ -183,6 +187,7 @@ mod tests {
         assert_eq!(Error::FileTooBig { limit: 1 }.errno(), libc::EFBIG);
         assert_eq!(Error::QuotaExceeded { limit: 1 }.errno(), libc::ENOSPC);
         assert_eq!(Error::Poisoned.errno(), libc::EIO);
+        assert_eq!(Error::ReadOnly.errno(), libc::EROFS);
         assert_eq!(Error::Store(StoreError::Full).errno(), libc::ENOSPC);
         assert_eq!(Error::Invalid("x").errno(), libc::EINVAL);
         assert_eq!(Error::LostUpdate { maker: 1 }.errno(), libc::EAGAIN);

@@ -268,6 +268,8 @@ pub struct Fs {
     reserved: AtomicU64,
     /// Bytes of memory open files' buffers hold, kept under `--max-buffer`.
     buffered: AtomicU64,
+    /// A read-only mount: no change is ever committed.
+    read_only: bool,
 }
 
 /// A commit that frees at least this much buffered content hands the memory back to the
@@ -286,7 +288,20 @@ fn return_freed_memory() {
 impl Fs {
     /// Wraps an open store, reclaiming the orphans a crash left behind.
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {
-        let fs = Fs {
+        let fs = Fs::build(store, limits, false);
+        fs.reclaim_orphans()?;
+        Ok(fs)
+    }
+
+    /// Wraps an open store for a read-only mount: every change is refused with EROFS and
+    /// nothing is committed, not even access times or the reclaiming of orphans.
+    pub fn new_read_only(store: Store, limits: Limits) -> Fs {
+        Fs::build(store, limits, true)
+    }
+
+    fn build(store: Store, limits: Limits, read_only: bool) -> Fs {
+        Fs {
+            read_only,
             store,
             tracker: Tracker::new(limits.lost_updates),
             limits,
@@ -299,14 +314,19 @@ impl Fs {
             lifetimes: Lifetimes::default(),
             reserved: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
-        };
-        fs.reclaim_orphans()?;
-        Ok(fs)
+        }
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Deletes every orphan: at open, those a crash left; at unmount, those the kernel still
     /// referenced when it let go of the mount.
     pub fn reclaim_orphans(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         let fs = self;
         let mut w = fs.store.write()?;
         let orphans = w.orphans()?;
@@ -345,7 +365,9 @@ impl Fs {
     }
 
     pub(super) fn writable(&self) -> Result<()> {
-        if self.is_poisoned() {
+        if self.read_only {
+            Err(Error::ReadOnly)
+        } else if self.is_poisoned() {
             Err(Error::Poisoned)
         } else {
             Ok(())

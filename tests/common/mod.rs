@@ -115,6 +115,12 @@ impl TestMount {
         );
     }
 
+    /// Mounts the same store again with `args` in place of the ones it was made with.
+    pub fn mount_with(&mut self, args: &[&str]) {
+        self.extra_args = args.iter().map(|s| s.to_string()).collect();
+        self.mount();
+    }
+
     /// Mounts again after the daemon was killed: `redbfs mount` must clear the stale mount.
     pub fn mount_after_crash(&mut self) {
         self.mounted = false;
