@@ -374,15 +374,13 @@ fn open_store(
     let stored = Limits::stored(&store);
     let limits = overrides.apply(stored.clone());
     // A read-only mount writes nothing, not even the limits it was given.
-    if !read_only && limits != stored
-        || !read_only
-            && store
-                .read()
-                .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
-                .ok()
-                .flatten()
-                .is_none()
-    {
+    let recorded = store
+        .read()
+        .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
+        .ok()
+        .flatten()
+        .is_some();
+    if !read_only && (limits != stored || !recorded) {
         let json = serde_json::to_vec(&limits).map_err(|e| e.to_string())?;
         let w = store.write().map_err(|e| e.to_string())?;
         w.put_meta(crate::store::schema::META_LIMITS, &json)
