@@ -3,8 +3,9 @@
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
-//! `ratelimit` keeps repeated log lines to one per interval; `tools` are the operations on a
-//! store file (snapshot, export, import, history ...) the CLI and the control socket share.
+//! `ratelimit` keeps repeated log lines to one per interval; `notify` tells systemd when the
+//! mount is ready and when it stops; `tools` are the operations on a store file (snapshot,
+//! export, import, history ...) the CLI and the control socket share.
 
 pub mod check;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod control;
 pub mod fs;
 pub mod fuse;
 pub mod mount;
+pub mod notify;
 pub mod private;
 pub mod ratelimit;
 pub mod store;

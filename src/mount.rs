@@ -723,6 +723,7 @@ fn run_daemon_inner(
         tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
         ready_flag.store(true, Ordering::Release);
         notify("ready");
+        crate::notify::ready_once_answering(mp);
     };
     let mp_abs = req.mountpoint_abs()?;
     let (other, ro) = (req.allow_other, req.read_only);
@@ -742,6 +743,9 @@ fn run_daemon_inner(
     if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp_abs).is_some() {
         // Mounted, but the session never started: nothing can have used the mount.
         let _ = nix::mount::umount2(&mp_abs, MntFlags::MNT_DETACH);
+    }
+    if ready.load(Ordering::Acquire) {
+        crate::notify::stopping("unmounted; closing the store");
     }
     // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
     fs.flush_all();

@@ -21,6 +21,19 @@ use common::{fuse_available, redbfs_bin};
 
 const USER: &str = "redbfs-test-user";
 
+/// Detaches the user's mount if the test ends early (a failed assertion), so no mount
+/// outlives the test.
+struct Unmounted(PathBuf);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        if mounts.contains(self.0.to_str().unwrap_or("")) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
 /// Puts `/dev/fuse`'s mode back when dropped.
 struct DeviceMode(u32);
 
@@ -148,6 +161,7 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
     let dir = home.path();
     let bin = redbfs_bin();
     let mnt = dir.join("memory-store");
+    let _unmounted = Unmounted(mnt.clone());
     ok(
         "redbfs mount",
         as_user(ids, dir, &bin, &["mount", "memory-store"]),

@@ -10,12 +10,22 @@ use super::time;
 #[derive(Parser, Debug)]
 #[command(
     name = "redbfs",
-    version,
+    version = version(),
     about = "A transactional redb store mounted as a directory, for AI-agent memory"
 )]
 pub(super) struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
+}
+
+/// `--version`: this release and the store format it reads (a store of any other format is
+/// refused at open), e.g. `0.1.0 (store format 3)`.
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let format = crate::store::FORMAT_VERSION;
+        format!("{} (store format {format})", env!("CARGO_PKG_VERSION"))
+    })
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -87,6 +97,10 @@ pub(super) enum Cmd {
     /// Erase the content of past versions of a file (all, or the one seen at --at), keeping the
     /// records that they existed. The bytes leave the store file at the next `compact`.
     Redact(Redact),
+    /// Print shell completions for bash, zsh, fish, elvish or powershell.
+    Completions(Completions),
+    /// Print the man page (roff): redbfs(1), or one command's, e.g. `redbfs man mount`.
+    Man(Man),
 }
 
 #[derive(Args, Debug)]
@@ -366,6 +380,20 @@ pub(super) struct Redact {
     pub path: String,
     #[arg(long)]
     pub at: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Completions {
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Man {
+    /// A command, for its own page redbfs-COMMAND(1) [default: redbfs(1)].
+    pub command: Option<String>,
+    /// Write every page (redbfs.1 and redbfs-COMMAND.1) into this directory instead.
+    #[arg(long, conflicts_with = "command")]
+    pub out_dir: Option<PathBuf>,
 }
 
 /// Parses a retention such as `30d`, `12h`, `2 weeks` or `0` (off) into nanoseconds.

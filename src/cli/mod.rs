@@ -1,7 +1,8 @@
 //! The command line: the only place that parses arguments and prints for people. This file
 //! dispatches each command to the module of its family; `args` is the grammar, `target` the
 //! one rule for reaching a store (its daemon when mounted, its file otherwise), `output`
-//! every line printed, `time` durations and dates.
+//! every line printed, `time` durations and dates, `shell` the completions and man pages made
+//! from the grammar.
 
 mod args;
 mod fstab;
@@ -10,6 +11,7 @@ mod inspect;
 mod maintain;
 mod mount;
 mod output;
+mod shell;
 mod target;
 mod time;
 mod transfer;
@@ -71,5 +73,7 @@ fn run(cmd: Cmd) -> Result<i32, String> {
         Cmd::Revert(a) => history::revert(a),
         Cmd::Rollback(a) => history::rollback(a),
         Cmd::Redact(a) => history::redact(a),
+        Cmd::Completions(a) => shell::completions(a),
+        Cmd::Man(a) => shell::man(a),
     }
 }

@@ -9,6 +9,8 @@ use crate::fs::{LostUpdates, NameRules};
 use crate::mount::{self, Created, LimitOverrides, MountRequest};
 
 pub(super) fn mount(a: Mount) -> Result<i32, String> {
+    // Only the daemon in the foreground is a service's main process; no one else inherits it.
+    crate::notify::init(a.foreground && a.notify_fd.is_none());
     let store_path = a
         .store
         .clone()
