@@ -7,7 +7,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -16,8 +16,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::mount::{MntFlags, MsFlags};
+use nix::mount::MntFlags;
+
+mod created;
+mod device;
+mod table;
+
+pub use created::Created;
+use device::{check_allow_other, fusermount_mount, kernel_mount, open_fuse_device};
+pub use table::{MountEntry, kernel_unmount, mountpoint_of_store, mounts, redbfs_mount_at};
+use table::{clear_stale, is_stale};
 
 use crate::control::{self, Daemon};
 use crate::fs::{Fs, Limits};
@@ -44,67 +52,6 @@ pub struct MountRequest {
     /// What this attempt has created so far (the daemon's log, directories): removed again if
     /// it fails before the mount answers.
     pub created: Created,
-}
-
-/// Files and directories a mount attempt created on the host, each with its identity (device
-/// and inode), so that an attempt that fails before the mount answers removes exactly those,
-/// newest first, and never something that took their place (a directory only when empty).
-#[derive(Clone, Debug, Default)]
-pub struct Created {
-    items: Vec<(PathBuf, u64, u64, bool)>,
-}
-
-impl Created {
-    /// Records what is at `path` now, which this attempt has just created.
-    pub fn record(&mut self, path: &Path) {
-        if let Ok(m) = std::fs::symlink_metadata(path) {
-            self.items
-                .push((path.to_path_buf(), m.dev(), m.ino(), m.is_dir()));
-        }
-    }
-
-    /// `create_dir_all`, recording each directory it creates.
-    pub fn create_dir_all(&mut self, path: &Path) -> std::io::Result<()> {
-        let mut missing = Vec::new();
-        let mut p = path;
-        loop {
-            match std::fs::symlink_metadata(p) {
-                Ok(_) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    missing.push(p.to_path_buf());
-                    match p.parent() {
-                        Some(q) if !q.as_os_str().is_empty() => p = q,
-                        _ => break,
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        for d in missing.iter().rev() {
-            match std::fs::create_dir(d) {
-                Ok(()) => self.record(d),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes what was recorded, newest first, each only if it is still the same file.
-    pub fn remove_all(&mut self) {
-        for (path, dev, ino, dir) in self.items.drain(..).rev() {
-            match std::fs::symlink_metadata(&path) {
-                Ok(m) if m.dev() == dev && m.ino() == ino => {
-                    let _ = if dir {
-                        std::fs::remove_dir(&path)
-                    } else {
-                        std::fs::remove_file(&path)
-                    };
-                }
-                _ => {}
-            }
-        }
-    }
 }
 
 /// History retention of a new store: 30 days.
@@ -162,138 +109,6 @@ pub fn default_store(mountpoint: &Path) -> PathBuf {
     let mut s = mountpoint.as_os_str().to_owned();
     s.push(".redb");
     PathBuf::from(s)
-}
-
-/// One line of /proc/self/mountinfo that matters here.
-#[derive(Debug, Clone)]
-pub struct MountEntry {
-    pub mountpoint: PathBuf,
-    pub fstype: String,
-    pub source: String,
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    // mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|o| o.iter().all(|c| (b'0'..=b'7').contains(c)));
-        match (b[i], octal) {
-            (b'\\', Some(o)) => {
-                out.push((o[0] - b'0') * 64 + (o[1] - b'0') * 8 + (o[2] - b'0'));
-                i += 4;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Every mount in this mount namespace.
-pub fn mounts() -> Vec<MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mp = left.split(' ').nth(4)?;
-            let mut r = right.split(' ');
-            let fstype = r.next()?;
-            let source = r.next()?;
-            Some(MountEntry {
-                mountpoint: PathBuf::from(unescape_mountinfo(mp)),
-                fstype: fstype.to_string(),
-                source: unescape_mountinfo(source),
-            })
-        })
-        .collect()
-}
-
-/// The redbfs mount at `mountpoint`, if any, and the store behind it.
-pub fn redbfs_mount_at(mountpoint: &Path) -> Option<PathBuf> {
-    mounts()
-        .into_iter()
-        .rev()
-        .find(|m| m.mountpoint == mountpoint && m.fstype == "fuse.redbfs")
-        .and_then(|m| m.source.strip_prefix("redbfs:").map(PathBuf::from))
-}
-
-/// Where the store at `store` is mounted, if it is.
-pub fn mountpoint_of_store(store: &Path) -> Option<PathBuf> {
-    // The same file, not the same spelling: a symlink to the store, a symlinked directory or
-    // a hard link reaches the live file too. Identity is the device and inode (stat follows
-    // symlinks, as opening the path would).
-    let identity = |p: &Path| {
-        std::fs::metadata(p).ok().map(|m| {
-            use std::os::unix::fs::MetadataExt;
-            (m.dev(), m.ino())
-        })
-    };
-    let wanted = identity(store)?;
-    mounts()
-        .into_iter()
-        .filter(|m| m.fstype == "fuse.redbfs")
-        .find(|m| {
-            m.source
-                .strip_prefix("redbfs:")
-                .is_some_and(|s| identity(Path::new(s)) == Some(wanted))
-        })
-        .map(|m| m.mountpoint)
-}
-
-/// Whether a FUSE mount at `mountpoint` has lost its daemon. statfs always reaches the daemon
-/// (stat may be answered from the kernel's attribute cache), so it is the probe.
-fn is_stale(mountpoint: &Path) -> bool {
-    matches!(nix::sys::statfs::statfs(mountpoint), Err(Errno::ENOTCONN))
-}
-
-/// Detaches a mount whose daemon is gone.
-fn clear_stale(mountpoint: &Path) -> Result<(), String> {
-    let r = if nix::unistd::geteuid().is_root() {
-        nix::mount::umount2(mountpoint, MntFlags::MNT_DETACH).map_err(|e| e.to_string())
-    } else {
-        fusermount_unmount(mountpoint)
-    };
-    r.map_err(|e| {
-        format!(
-            "{}: could not clear the stale mount: {e}",
-            mountpoint.display()
-        )
-    })
-}
-
-fn fusermount_unmount(mountpoint: &Path) -> Result<(), String> {
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg("-z")
-        .arg(mountpoint)
-        .output()
-        .map_err(|e| format!("fusermount3: {e} (install the fuse3 package)"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
-
-/// Unmounts a live mount: a plain unmount, or a lazy one if files are still open.
-pub fn kernel_unmount(mountpoint: &Path) -> Result<(), String> {
-    if !nix::unistd::geteuid().is_root() {
-        return fusermount_unmount(mountpoint);
-    }
-    match nix::mount::umount(mountpoint) {
-        Ok(()) => Ok(()),
-        Err(Errno::EBUSY) => {
-            tracing::warn!(mountpoint = %mountpoint.display(), "busy: detaching lazily; the daemon exits when the last open file closes");
-            nix::mount::umount2(mountpoint, MntFlags::MNT_DETACH).map_err(|e| e.to_string())
-        }
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Prepares the mountpoint: clears a stale mount, refuses a live one or one holding files.
@@ -389,178 +204,6 @@ fn open_store(
             .map_err(|e| e.to_string())?;
     }
     Ok((store, limits))
-}
-
-/// Opens `/dev/fuse`, before the store is opened, so that a missing device leaves the store
-/// untouched.
-/// `/dev/fuse`, opened by this process; `None` when it may not open it (mode 0600 and not
-/// root: fusermount3, which is setuid, opens it and mounts instead).
-fn open_fuse_device() -> Result<Option<OwnedFd>, String> {
-    match nix::fcntl::open(
-        "/dev/fuse",
-        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    ) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(Errno::EACCES | Errno::EPERM) => {
-            need_fusermount()?;
-            Ok(None)
-        }
-        Err(e) => Err(format!(
-            "/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"
-        )),
-    }
-}
-
-/// Checks, before anything is created, that fusermount3 can mount for this user.
-fn need_fusermount() -> Result<(), String> {
-    let found = std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|d| d.join("fusermount3").is_file())
-    });
-    if found {
-        Ok(())
-    } else {
-        Err("this user may not open /dev/fuse and fusermount3 is not installed: install the fuse3 package (it mounts for users), or mount as root".into())
-    }
-}
-
-/// `--allow-other` as a user other than root: fusermount3 allows it only with
-/// `user_allow_other` in /etc/fuse.conf, and says so less clearly.
-fn check_allow_other(allow_other: bool) -> Result<(), String> {
-    if !allow_other || nix::unistd::geteuid().is_root() {
-        return Ok(());
-    }
-    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
-    let allowed = conf
-        .lines()
-        .any(|l| l.split('#').next().unwrap_or("").trim() == "user_allow_other");
-    if allowed {
-        Ok(())
-    } else {
-        Err(
-            "--allow-other as a user other than root needs `user_allow_other` in /etc/fuse.conf"
-                .into(),
-        )
-    }
-}
-
-/// Mounts with mount(2) as `fuse.redbfs` on the `/dev/fuse` descriptor `fd`, returning it;
-/// `None` when this process may not mount (not root), so fusermount3 must.
-fn kernel_mount(
-    mp: &Path,
-    source: &str,
-    allow_other: bool,
-    read_only: bool,
-    fd: Option<OwnedFd>,
-) -> Result<Option<OwnedFd>, String> {
-    let Some(fd) = fd else {
-        return Ok(None);
-    };
-    let mut opts = format!(
-        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
-        fd.as_raw_fd(),
-        nix::unistd::getuid(),
-        nix::unistd::getgid()
-    );
-    if allow_other {
-        opts.push_str(",allow_other");
-    }
-    let r = nix::mount::mount(
-        Some(source),
-        mp,
-        Some("fuse.redbfs"),
-        MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV
-            | if read_only {
-                MsFlags::MS_RDONLY
-            } else {
-                MsFlags::empty()
-            },
-        Some(opts.as_str()),
-    );
-    match r {
-        Ok(()) => Ok(Some(fd)),
-        // Not allowed to call mount(2) (a user, or a container without CAP_SYS_ADMIN):
-        // fusermount3 mounts instead.
-        Err(Errno::EPERM | Errno::EACCES) => {
-            need_fusermount()?;
-            Ok(None)
-        }
-        Err(e) => Err(format!("mount {}: {e}", mp.display())),
-    }
-}
-
-/// Mounts through fusermount3, which is setuid root: it opens `/dev/fuse`, mounts it at `mp`
-/// and hands the descriptor back over a Unix socket named by `_FUSE_COMMFD` (libfuse's
-/// protocol), for a user who may not do either.
-fn fusermount_mount(
-    mp: &Path,
-    source: &str,
-    allow_other: bool,
-    read_only: bool,
-) -> Result<OwnedFd, String> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let (ours, theirs) =
-        std::os::unix::net::UnixStream::pair().map_err(|e| format!("fusermount3: socket: {e}"))?;
-    // The child inherits its end; ours stays close-on-exec.
-    nix::fcntl::fcntl(
-        &theirs,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-    )
-    .map_err(|e| format!("fusermount3: socket: {e}"))?;
-    // fusermount3 splits options at commas: one in the store's path is escaped.
-    let mut opts = format!(
-        "fsname={},subtype=redbfs,default_permissions,nosuid,nodev",
-        source.replace('\\', "\\\\").replace(',', "\\,")
-    );
-    if allow_other {
-        opts.push_str(",allow_other");
-    }
-    if read_only {
-        opts.push_str(",ro");
-    }
-    let out = Command::new("fusermount3")
-        .arg("-o")
-        .arg(&opts)
-        .arg("--")
-        .arg(mp)
-        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("fusermount3: {e} (install the fuse3 package)"))?;
-    drop(theirs);
-    if !out.status.success() {
-        let said = String::from_utf8_lossy(&out.stderr);
-        let hint = if said.contains("failed to open /dev/fuse") {
-            " (fusermount3 opens /dev/fuse as the user: distributions make it mode 0666; here it is not)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "fusermount3 could not mount {}: {}{hint}",
-            mp.display(),
-            said.trim()
-        ));
-    }
-    let mut byte = [0u8; 1];
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
-    let msg = recvmsg::<()>(
-        ours.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| format!("fusermount3: receiving the descriptor: {e}"))?;
-    for cmsg in msg.cmsgs().map_err(|e| format!("fusermount3: {e}"))? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg
-            && let Some(&fd) = fds.first()
-        {
-            // SAFETY: the kernel just gave this process this descriptor; nothing else owns it.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-    }
-    Err("fusermount3 mounted but passed no descriptor".into())
 }
 
 /// `redbfs mount`: in the background unless asked otherwise.

@@ -1,0 +1,182 @@
+//! Getting a mounted `/dev/fuse`: mount(2) on a descriptor this process opened (root), or
+//! fusermount3, which is setuid and hands the descriptor back (a user, a container without
+//! CAP_SYS_ADMIN).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use nix::errno::Errno;
+use nix::mount::MsFlags;
+
+/// Opens `/dev/fuse`, before the store is opened, so that a missing device leaves the store
+/// untouched.
+/// `/dev/fuse`, opened by this process; `None` when it may not open it (mode 0600 and not
+/// root: fusermount3, which is setuid, opens it and mounts instead).
+pub(super) fn open_fuse_device() -> Result<Option<OwnedFd>, String> {
+    match nix::fcntl::open(
+        "/dev/fuse",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::EACCES | Errno::EPERM) => {
+            need_fusermount()?;
+            Ok(None)
+        }
+        Err(e) => Err(format!(
+            "/dev/fuse: {e} (is the fuse module loaded? try `modprobe fuse`)"
+        )),
+    }
+}
+
+/// Checks, before anything is created, that fusermount3 can mount for this user.
+pub(super) fn need_fusermount() -> Result<(), String> {
+    let found = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|d| d.join("fusermount3").is_file())
+    });
+    if found {
+        Ok(())
+    } else {
+        Err("this user may not open /dev/fuse and fusermount3 is not installed: install the fuse3 package (it mounts for users), or mount as root".into())
+    }
+}
+
+/// `--allow-other` as a user other than root: fusermount3 allows it only with
+/// `user_allow_other` in /etc/fuse.conf, and says so less clearly.
+pub(super) fn check_allow_other(allow_other: bool) -> Result<(), String> {
+    if !allow_other || nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+    let allowed = conf
+        .lines()
+        .any(|l| l.split('#').next().unwrap_or("").trim() == "user_allow_other");
+    if allowed {
+        Ok(())
+    } else {
+        Err(
+            "--allow-other as a user other than root needs `user_allow_other` in /etc/fuse.conf"
+                .into(),
+        )
+    }
+}
+
+/// Mounts with mount(2) as `fuse.redbfs` on the `/dev/fuse` descriptor `fd`, returning it;
+/// `None` when this process may not mount (not root), so fusermount3 must.
+pub(super) fn kernel_mount(
+    mp: &Path,
+    source: &str,
+    allow_other: bool,
+    read_only: bool,
+    fd: Option<OwnedFd>,
+) -> Result<Option<OwnedFd>, String> {
+    let Some(fd) = fd else {
+        return Ok(None);
+    };
+    let mut opts = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
+        fd.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    if allow_other {
+        opts.push_str(",allow_other");
+    }
+    let r = nix::mount::mount(
+        Some(source),
+        mp,
+        Some("fuse.redbfs"),
+        MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | if read_only {
+                MsFlags::MS_RDONLY
+            } else {
+                MsFlags::empty()
+            },
+        Some(opts.as_str()),
+    );
+    match r {
+        Ok(()) => Ok(Some(fd)),
+        // Not allowed to call mount(2) (a user, or a container without CAP_SYS_ADMIN):
+        // fusermount3 mounts instead.
+        Err(Errno::EPERM | Errno::EACCES) => {
+            need_fusermount()?;
+            Ok(None)
+        }
+        Err(e) => Err(format!("mount {}: {e}", mp.display())),
+    }
+}
+
+/// Mounts through fusermount3, which is setuid root: it opens `/dev/fuse`, mounts it at `mp`
+/// and hands the descriptor back over a Unix socket named by `_FUSE_COMMFD` (libfuse's
+/// protocol), for a user who may not do either.
+pub(super) fn fusermount_mount(
+    mp: &Path,
+    source: &str,
+    allow_other: bool,
+    read_only: bool,
+) -> Result<OwnedFd, String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let (ours, theirs) =
+        std::os::unix::net::UnixStream::pair().map_err(|e| format!("fusermount3: socket: {e}"))?;
+    // The child inherits its end; ours stays close-on-exec.
+    nix::fcntl::fcntl(
+        &theirs,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .map_err(|e| format!("fusermount3: socket: {e}"))?;
+    // fusermount3 splits options at commas: one in the store's path is escaped.
+    let mut opts = format!(
+        "fsname={},subtype=redbfs,default_permissions,nosuid,nodev",
+        source.replace('\\', "\\\\").replace(',', "\\,")
+    );
+    if allow_other {
+        opts.push_str(",allow_other");
+    }
+    if read_only {
+        opts.push_str(",ro");
+    }
+    let out = Command::new("fusermount3")
+        .arg("-o")
+        .arg(&opts)
+        .arg("--")
+        .arg(mp)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("fusermount3: {e} (install the fuse3 package)"))?;
+    drop(theirs);
+    if !out.status.success() {
+        let said = String::from_utf8_lossy(&out.stderr);
+        let hint = if said.contains("failed to open /dev/fuse") {
+            " (fusermount3 opens /dev/fuse as the user: distributions make it mode 0666; here it is not)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "fusermount3 could not mount {}: {}{hint}",
+            mp.display(),
+            said.trim()
+        ));
+    }
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!(std::os::fd::RawFd);
+    let msg = recvmsg::<()>(
+        ours.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("fusermount3: receiving the descriptor: {e}"))?;
+    for cmsg in msg.cmsgs().map_err(|e| format!("fusermount3: {e}"))? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg
+            && let Some(&fd) = fds.first()
+        {
+            // SAFETY: the kernel just gave this process this descriptor; nothing else owns it.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
+    Err("fusermount3 mounted but passed no descriptor".into())
+}
