@@ -66,7 +66,7 @@ impl Fs {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
         let mut w = self.store.write()?;
-        let mut p = Self::parent_dir(&w, parent)?;
+        let p = Self::parent_dir(&w, parent)?;
         let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
         if kind == Kind::Dir {
             return Err(Error::IsDir);
@@ -81,19 +81,7 @@ impl Fs {
             size,
             0,
         );
-        let removal = self.claim_removal(ino);
-        let staged = (|| {
-            w.remove_dirent(parent, name.as_str())?;
-            Self::stage_removal(&mut w, ino, &removal)?;
-            let now = now_ns();
-            p.mtime = now;
-            p.ctime = now;
-            w.put_inode(&p)?;
-            Ok(())
-        })();
-        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
-        self.finish_removal(ino, removal, res.is_ok());
-        res
+        self.remove_last_name(w, p, &name, ino)
     }
 
     pub fn rmdir(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
@@ -117,12 +105,25 @@ impl Fs {
             0,
             0,
         );
+        p.nlink -= 1;
+        self.remove_last_name(w, p, &name, ino)
+    }
+
+    /// Removes `name` from directory `p` (its record as it is to be written, times aside) and
+    /// the last name of `ino` with it, in `w`, durably: the inode is deleted or becomes an
+    /// orphan (`claim_removal`).
+    fn remove_last_name(
+        &self,
+        mut w: WriteTxn<'_>,
+        mut p: Inode,
+        name: &Name,
+        ino: u64,
+    ) -> Result<()> {
         let removal = self.claim_removal(ino);
         let staged = (|| {
-            w.remove_dirent(parent, name.as_str())?;
+            w.remove_dirent(p.ino, name.as_str())?;
             Self::stage_removal(&mut w, ino, &removal)?;
             let now = now_ns();
-            p.nlink -= 1;
             p.mtime = now;
             p.ctime = now;
             w.put_inode(&p)?;
