@@ -277,6 +277,8 @@ fn unlinked_open_file_lives_until_last_release() {
         vec![inode.ino]
     );
     fs.forget(inode.ino, 1);
+    // The daemon reclaims in batches; here, at once.
+    fs.reclaim_queued();
     assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
     assert!(
         fs.store()
@@ -320,6 +322,8 @@ fn a_replaced_file_serves_its_last_content_until_the_kernel_forgets_it() {
     .unwrap();
     assert_eq!(fs.store().read().unwrap().orphans().unwrap(), vec![old]);
     fs.forget(old, 1);
+    // The daemon reclaims in batches; here, at once.
+    fs.reclaim_queued();
     assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
     assert!(matches!(fs.getattr(old), Err(Error::NotFound)));
     assert_eq!(read_all(&fs, new), b"new content");
@@ -344,6 +348,8 @@ fn a_removed_directory_lives_while_referenced_or_open() {
     fs.forget(d, 1);
     assert!(fs.getattr(d).is_ok(), "the open descriptor keeps it");
     fs.releasedir(fh).unwrap();
+    // The daemon reclaims in batches; here, at once.
+    fs.reclaim_queued();
     assert!(matches!(fs.getattr(d), Err(Error::NotFound)));
     assert!(fs.store().read().unwrap().orphans().unwrap().is_empty());
 }

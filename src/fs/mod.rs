@@ -270,7 +270,15 @@ pub struct Fs {
     buffered: AtomicU64,
     /// A read-only mount: no change is ever committed.
     read_only: bool,
+    /// Orphans that may have lost their last reference or handle, to reclaim in a batch.
+    reclaims: Mutex<Vec<u64>>,
 }
+
+/// Orphans reclaimed in one transaction at most; a full batch is reclaimed at once.
+const RECLAIM_BATCH: usize = 64;
+
+/// How often the daemon reclaims what is queued: orphans wait at most this long.
+pub const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A commit that frees at least this much buffered content hands the memory back to the
 /// system: the chunks are 64 KiB heap blocks spread over the threads' malloc arenas, which
@@ -302,6 +310,7 @@ impl Fs {
     fn build(store: Store, limits: Limits, read_only: bool) -> Fs {
         Fs {
             read_only,
+            reclaims: Mutex::new(Vec::new()),
             store,
             tracker: Tracker::new(limits.lost_updates),
             limits,

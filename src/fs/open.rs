@@ -87,46 +87,79 @@ impl Fs {
         files.contains_key(&ino) || lock(&self.dirs).values().any(|d| d.ino == ino)
     }
 
-    /// Deletes an orphan once neither a kernel reference nor a handle holds it: at its last
-    /// FORGET, release or releasedir. Not durable by itself: a crash before the next durable
-    /// commit leaves the orphan mark, and the next mount reclaims it.
+    /// An orphan may have lost its last reference or handle (its last FORGET, release or
+    /// releasedir): it is reclaimed with the next batch. Past `RECLAIM_BATCH` queued, the
+    /// caller reclaims the batch itself; otherwise the daemon's reclaimer does within
+    /// `RECLAIM_INTERVAL` (so a burst of unlinks costs one more commit, not one each).
     pub(super) fn reclaim_if_unused(&self, ino: u64) {
-        let go = {
-            let files = lock(&self.files);
-            let open = self.is_open(&files, ino);
-            self.lifetimes.start_reclaim(ino, open)
+        let full = {
+            let mut q = lock(&self.reclaims);
+            q.push(ino);
+            q.len() >= RECLAIM_BATCH
         };
-        if !go {
+        if full {
+            self.reclaim_queued();
+        }
+    }
+
+    /// Deletes the queued orphans that neither a kernel reference nor a handle holds, in one
+    /// transaction. Not durable by itself: a crash before the next durable commit leaves the
+    /// orphan marks, and the next mount reclaims them.
+    pub fn reclaim_queued(&self) {
+        let queued = std::mem::take(&mut *lock(&self.reclaims));
+        let chosen: Vec<u64> = {
+            let files = lock(&self.files);
+            queued
+                .into_iter()
+                .filter(|&ino| {
+                    let open = self.is_open(&files, ino);
+                    self.lifetimes.start_reclaim(ino, open)
+                })
+                .collect()
+        };
+        if chosen.is_empty() {
             return;
         }
         let r = self.writable().and_then(|()| {
             let mut w = self.store.write()?;
-            let Some(inode) = w.inode(ino)?.filter(|i| i.nlink == 0) else {
-                // The removal that made it an orphan did not commit.
-                return Ok(false);
-            };
-            // Named by the path the inode had, so that path's history (redact, log PATH)
-            // finds the content this record keeps for rollback.
-            self.describe(
-                &mut w,
-                Caller::default(),
-                "reclaim",
-                ino,
-                |w| vec![self.path_in(w, inode.parent, &inode.name)],
-                inode.size,
-                0,
-            );
-            w.delete_inode(ino)?;
-            self.commit(w, Sync::Deferred)?;
-            Ok(true)
+            let (mut done, mut paths, mut size) = (Vec::new(), Vec::new(), 0);
+            for &ino in &chosen {
+                // Not an orphan: the removal that would have made it one did not commit.
+                let Some(inode) = w.inode(ino)?.filter(|i| i.nlink == 0) else {
+                    continue;
+                };
+                // Named by the path each inode had, so that path's history (redact, log
+                // PATH) finds the content this record keeps for rollback.
+                paths.push(self.path_in(&w, inode.parent, &inode.name));
+                size += inode.size;
+                w.delete_inode(ino)?;
+                done.push(ino);
+            }
+            if !done.is_empty() {
+                let ino = if done.len() == 1 { done[0] } else { 0 };
+                self.describe(
+                    &mut w,
+                    Caller::default(),
+                    "reclaim",
+                    ino,
+                    |_| paths,
+                    size,
+                    0,
+                );
+                self.commit(w, Sync::Deferred)?;
+            }
+            Ok(done)
         });
-        if let Err(e) = &r {
-            tracing::error!(ino, error = %e, "could not reclaim an unlinked inode; the next mount will");
-        }
-        let deleted = r.unwrap_or(false);
-        self.lifetimes.deleted(ino, deleted);
-        if deleted {
-            self.tracker.deleted(ino);
+        let done = r.unwrap_or_else(|e| {
+            tracing::error!(count = chosen.len(), error = %e, "could not reclaim unlinked inodes; the next mount will");
+            Vec::new()
+        });
+        for ino in chosen {
+            let deleted = done.contains(&ino);
+            self.lifetimes.deleted(ino, deleted);
+            if deleted {
+                self.tracker.deleted(ino);
+            }
         }
     }
 

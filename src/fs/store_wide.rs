@@ -40,6 +40,9 @@ impl Fs {
 
     /// Commits everything still buffered (at unmount).
     pub fn flush_all(&self) {
+        // Orphans nothing holds any more go first: a history change (redact, say) then sees
+        // their content in the history, not in a file without a name.
+        self.reclaim_queued();
         let files: Vec<_> = lock(&self.files).values().cloned().collect();
         for f in files {
             let mut g = lock(&f.content);

@@ -339,6 +339,7 @@ fn run_daemon_inner(
     check_allow_other(req.allow_other)?;
     let fuse_device = open_fuse_device()?;
     let fs = open_fs(req, &store_path, created)?;
+    reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
     let sigs = block_signals()?;
 
     let unmount_mp = mp.clone();
@@ -431,6 +432,24 @@ fn open_fs(
         return Ok(Arc::new(Fs::new_read_only(store, limits)));
     }
     Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// A thread that reclaims, every `RECLAIM_INTERVAL`, the orphans the kernel and every handle
+/// let go of meanwhile, in one transaction; it ends when the filesystem does.
+fn reclaim_in_batches(fs: &Arc<Fs>) -> std::io::Result<()> {
+    let fs = Arc::downgrade(fs);
+    std::thread::Builder::new()
+        .name("reclaimer".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(crate::fs::RECLAIM_INTERVAL);
+                match fs.upgrade() {
+                    Some(fs) => fs.reclaim_queued(),
+                    None => return,
+                }
+            }
+        })
+        .map(drop)
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread, and so in every thread started after
