@@ -4,7 +4,8 @@
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
 //! `ratelimit` keeps repeated log lines to one per interval; `tools` are the operations on a
-//! store file (snapshot, export, import, history ...) the CLI and the control socket share.
+//! store file (snapshot, export, import, history ...) the CLI and the control socket share;
+//! `replica` ships a mounted store's commits to object storage and restores from there.
 
 pub mod check;
 pub mod cli;
@@ -14,5 +15,6 @@ pub mod fuse;
 pub mod mount;
 pub mod private;
 pub mod ratelimit;
+pub mod replica;
 pub mod store;
 pub mod tools;

@@ -1,7 +1,7 @@
 //! The command line: the only place that parses arguments and prints for people. This file
 //! dispatches each command to the module of its family; `args` is the grammar, `target` the
 //! one rule for reaching a store (its daemon when mounted, its file otherwise), `output`
-//! every line printed, `time` durations and dates.
+//! every line printed, `time` durations and dates; `replica` lists replicas and restores from one.
 
 mod args;
 mod fstab;
@@ -10,6 +10,7 @@ mod inspect;
 mod maintain;
 mod mount;
 mod output;
+mod replica;
 mod target;
 mod time;
 mod transfer;
@@ -59,7 +60,9 @@ fn run(cmd: Cmd) -> Result<i32, String> {
         Cmd::Du(a) => inspect::du(a),
         Cmd::Stats(a) => inspect::stats(a),
         Cmd::Snapshot(a) => transfer::snapshot(a),
+        Cmd::Restore(a) if a.from.is_some() => replica::restore_from(a),
         Cmd::Restore(a) => transfer::restore(a),
+        Cmd::Replica(a) => replica::run(a),
         Cmd::Export(a) => transfer::export(a),
         Cmd::Import(a) => transfer::import(a),
         Cmd::Expire(a) => maintain::expire(a),
