@@ -101,30 +101,45 @@ impl Target {
                     prefix: ObjPath::default(),
                 });
             }
-            ObjectStoreScheme::AmazonS3 => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(url)
+            ObjectStoreScheme::AmazonS3 => {
+                // Our timeouts first, then the service's environment (which may set more
+                // client options, such as AWS_ALLOW_HTTP), then the URL.
+                let mut b = object_store::aws::AmazonS3Builder::new()
                     .with_retry(retry)
-                    .with_client_options(options)
-                    .build()
-                    .map_err(|e| bad(&e))?,
-            ),
-            ObjectStoreScheme::GoogleCloudStorage => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_url(url)
+                    .with_client_options(options);
+                for (k, v) in env_with("AWS_") {
+                    if let Ok(key) = k.parse::<object_store::aws::AmazonS3ConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                Arc::new(b.with_url(url).build().map_err(|e| bad(&e))?)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                // Our timeouts first, then the service's environment (which may set more
+                // client options, such as AWS_ALLOW_HTTP), then the URL.
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::new()
                     .with_retry(retry)
-                    .with_client_options(options)
-                    .build()
-                    .map_err(|e| bad(&e))?,
-            ),
-            ObjectStoreScheme::MicrosoftAzure => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_url(url)
+                    .with_client_options(options);
+                for (k, v) in env_with("GOOGLE_") {
+                    if let Ok(key) = k.parse::<object_store::gcp::GoogleConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                Arc::new(b.with_url(url).build().map_err(|e| bad(&e))?)
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                // Our timeouts first, then the service's environment (which may set more
+                // client options, such as AWS_ALLOW_HTTP), then the URL.
+                let mut b = object_store::azure::MicrosoftAzureBuilder::new()
                     .with_retry(retry)
-                    .with_client_options(options)
-                    .build()
-                    .map_err(|e| bad(&e))?,
-            ),
+                    .with_client_options(options);
+                for (k, v) in env_with("AZURE_") {
+                    if let Ok(key) = k.parse::<object_store::azure::AzureConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                Arc::new(b.with_url(url).build().map_err(|e| bad(&e))?)
+            }
             _ => {
                 return Err(bad(
                     &"only s3://, gs://, az:// and file:// replicas are supported",
@@ -241,6 +256,15 @@ impl Target {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// The environment's variables starting with `prefix`, names in lower case (as each
+/// builder's `from_env` reads them).
+fn env_with(prefix: &str) -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v))
+        .collect()
 }
 
 fn segment_name(first: u64, last: u64) -> String {
