@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 use common::{fuse_available, redbfs_bin};
 
 type Tree = BTreeMap<String, Option<Vec<u8>>>;
+/// The trees after each operation, with the commit each is at.
+type States = Vec<(u64, Tree)>;
 
 /// Files (with content) and directories under `root`.
 fn tree(root: &Path) -> Tree {
@@ -197,7 +199,7 @@ fn op(mp: &Path, i: usize) {
 }
 
 /// Runs `n` operations from `from`; after each, the tree and the commit number it is at.
-fn session(m: &Mounted, from: usize, n: usize, states: &mut Vec<(u64, Tree)>) {
+fn session(m: &Mounted, from: usize, n: usize, states: &mut States) {
     for i in from..from + n {
         op(&m.mp, i);
         let commits = m.status()["commits"].as_u64().unwrap();
@@ -207,11 +209,7 @@ fn session(m: &Mounted, from: usize, n: usize, states: &mut Vec<(u64, Tree)>) {
 
 /// The whole flow against `url`: a session, the replica caught up, more operations, the
 /// machine lost, restores (latest and at a commit). `outage` runs between the two halves.
-fn lose_and_restore(
-    url: &str,
-    env: &[(String, String)],
-    outage: &dyn Fn(&Mounted, &mut Vec<(u64, Tree)>),
-) {
+fn lose_and_restore(url: &str, env: &[(String, String)], outage: &dyn Fn(&Mounted, &mut States)) {
     let mut m = Mounted::new(url, env);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
@@ -440,7 +438,7 @@ fn an_s3_replica_rides_out_an_outage_and_restores_a_lost_machine() {
     moto.bucket("memory");
     let proxy = Proxy::start(moto.port);
     let env = s3_env(proxy.port);
-    let outage = |m: &Mounted, states: &mut Vec<(u64, Tree)>| {
+    let outage = |m: &Mounted, states: &mut States| {
         m.caught_up();
         proxy.set_up(false);
         session(m, 50, 10, states);
