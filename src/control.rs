@@ -38,6 +38,8 @@ pub struct Daemon {
     pub store: PathBuf,
     /// Called for an unmount request; returns a message on failure.
     pub unmount: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
+    /// The mount's replication, while it runs.
+    replication: std::sync::Mutex<Option<Arc<crate::replica::Replication>>>,
 }
 
 impl Daemon {
@@ -52,6 +54,19 @@ impl Daemon {
             mountpoint,
             store,
             unmount,
+            replication: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Sets (or, with None, drops) the replication `status` reports on.
+    pub fn set_replication(&self, r: Option<Arc<crate::replica::Replication>>) {
+        *self.replication.lock().unwrap_or_else(|p| p.into_inner()) = r;
+    }
+
+    fn replicas(&self, commits: u64) -> Value {
+        match &*self.replication.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(r) => r.status(commits),
+            None => json!([]),
         }
     }
 
@@ -96,6 +111,7 @@ impl Daemon {
                 "limits": fs.limits(),
                 "conflicts": fs.conflicts(),
                 "kernel_references": fs.referenced(),
+                "replicas": self.replicas(commits),
             }),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         }

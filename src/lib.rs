@@ -5,7 +5,8 @@
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
 //! `ratelimit` keeps repeated log lines to one per interval; `notify` tells systemd when the
 //! mount is ready and when it stops; `tools` are the operations on a store file (snapshot,
-//! export, import, history ...) the CLI and the control socket share.
+//! export, import, history ...) the CLI and the control socket share; `replica` ships a
+//! mounted store's commits to object storage and restores from there.
 
 pub mod check;
 pub mod cli;
@@ -16,5 +17,6 @@ pub mod mount;
 pub mod notify;
 pub mod private;
 pub mod ratelimit;
+pub mod replica;
 pub mod store;
 pub mod tools;

@@ -61,8 +61,11 @@ pub(super) enum Cmd {
     Check(Check),
     /// Write a consistent point-in-time copy of a store (mounted or not) to OUT, or `-` for stdout.
     Snapshot(Snapshot),
-    /// Replace a store (not mounted) with a checked snapshot, keeping the old one beside it.
+    /// Replace a store (not mounted) with a checked snapshot, or rebuild it from a replica
+    /// (--from), keeping the old one beside it.
     Restore(Restore),
+    /// Look at a replica in object storage.
+    Replica(Replica),
     /// Write a store's tree, with modes and mtimes, to a new directory or a tar file.
     Export(Export),
     /// Copy a directory's tree, or a tar archive's, into a store (created if missing) in one
@@ -159,6 +162,23 @@ pub(super) struct Mount {
     /// off. Kept in the store [default for a new store: 30d].
     #[arg(long, value_parser = parse_keep)]
     pub keep_history: Option<u64>,
+    /// Replicate the store continuously to object storage: s3://BUCKET/PREFIX, gs://..,
+    /// az://.. (credentials and endpoint from the service's environment, e.g.
+    /// AWS_ENDPOINT_URL) or file:///DIR. Repeatable; `none` stops. Kept in the store.
+    #[arg(long = "replica", value_name = "URL")]
+    pub replica: Vec<String>,
+    /// Ship new commits to the replicas at least this often, e.g. 1s. Kept in the store
+    /// [default: 1s].
+    #[arg(long, value_parser = parse_duration)]
+    pub replica_interval: Option<u64>,
+    /// Start a new replica generation (a full snapshot) this often, e.g. 24h. Kept in the
+    /// store [default: 24h].
+    #[arg(long, value_parser = parse_duration)]
+    pub replica_snapshot_every: Option<u64>,
+    /// Remove replica generations replaced longer ago than this, e.g. 7d. Kept in the store
+    /// [default: 7d].
+    #[arg(long, value_parser = parse_duration)]
+    pub replica_keep: Option<u64>,
     /// (internal) report readiness on this descriptor
     #[arg(long, hide = true)]
     pub notify_fd: Option<i32>,
@@ -202,11 +222,41 @@ pub(super) struct Snapshot {
 
 #[derive(Args, Debug)]
 pub(super) struct Restore {
-    pub snapshot: PathBuf,
-    pub store: PathBuf,
+    /// SNAPSHOT STORE, or with --from only STORE.
+    #[arg(required = true, num_args = 1..=2, value_name = "[SNAPSHOT] STORE")]
+    pub paths: Vec<PathBuf>,
+    /// Rebuild the store from this replica (see `mount --replica`) instead of a snapshot.
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+    /// With --from: the state after this commit number, or at this time (a date, or `2h`
+    /// ago) [default: the last commit the replica holds].
+    #[arg(long, requires = "from")]
+    pub at: Option<String>,
     /// Do not keep the replaced store as STORE.before-restore-<time>.
     #[arg(long)]
     pub discard_current: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Replica {
+    #[command(subcommand)]
+    pub cmd: ReplicaCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub(super) enum ReplicaCmd {
+    /// List a replica's generations: when each started and the commits it can restore.
+    Ls(ReplicaLs),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ReplicaLs {
+    /// s3://BUCKET/PREFIX, gs://.., az://.. or file:///DIR
+    pub url: String,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -397,6 +447,10 @@ pub(super) struct Man {
 }
 
 /// Parses a retention such as `30d`, `12h`, `2 weeks` or `0` (off) into nanoseconds.
+fn parse_duration(s: &str) -> Result<u64, String> {
+    time::duration_ns(s).map(|ns| ns as u64)
+}
+
 fn parse_keep(s: &str) -> Result<u64, String> {
     if s.trim() == "0" {
         return Ok(0);

@@ -55,6 +55,10 @@ const VALUED: &[&str] = &[
     "names",
     "lost_updates",
     "keep_history",
+    "replica",
+    "replica_interval",
+    "replica_snapshot_every",
+    "replica_keep",
     "threads",
     "log_file",
 ];

@@ -2,7 +2,7 @@
 //! dispatches each command to the module of its family; `args` is the grammar, `target` the
 //! one rule for reaching a store (its daemon when mounted, its file otherwise), `output`
 //! every line printed, `time` durations and dates, `shell` the completions and man pages made
-//! from the grammar.
+//! from the grammar, `replica` lists replicas and restores from one.
 
 mod args;
 mod fstab;
@@ -11,6 +11,7 @@ mod inspect;
 mod maintain;
 mod mount;
 mod output;
+mod replica;
 mod shell;
 mod target;
 mod time;
@@ -61,7 +62,9 @@ fn run(cmd: Cmd) -> Result<i32, String> {
         Cmd::Du(a) => inspect::du(a),
         Cmd::Stats(a) => inspect::stats(a),
         Cmd::Snapshot(a) => transfer::snapshot(a),
+        Cmd::Restore(a) if a.from.is_some() => replica::restore_from(a),
         Cmd::Restore(a) => transfer::restore(a),
+        Cmd::Replica(a) => replica::run(a),
         Cmd::Export(a) => transfer::export(a),
         Cmd::Import(a) => transfer::import(a),
         Cmd::Expire(a) => maintain::expire(a),

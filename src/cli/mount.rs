@@ -65,6 +65,12 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
         notify_fd: a.notify_fd,
         read_only: a.read_only,
         keep_history: a.keep_history,
+        replica: crate::replica::ReplicaOverrides {
+            urls: (!a.replica.is_empty()).then_some(a.replica),
+            interval_ns: a.replica_interval,
+            snapshot_every_ns: a.replica_snapshot_every,
+            keep_ns: a.replica_keep,
+        },
         created,
     })?;
     Ok(0)

@@ -74,6 +74,81 @@ pub(super) fn status(v: &Value, f: Format) {
             v["conflicts"],
             text(&v["limits"]["lost_updates"])
         );
+        for r in v["replicas"].as_array().into_iter().flatten() {
+            replica_line(r);
+        }
+    }
+}
+
+/// One replica of a mount: how far behind it is, and why while it is out of reach.
+fn replica_line(r: &Value) {
+    let behind = r["commits_behind"].as_u64().unwrap_or(0);
+    let state = if behind == 0 {
+        "up to date".to_string()
+    } else {
+        format!(
+            "{behind} commits ({}s) behind",
+            r["seconds_behind"].as_f64().unwrap_or(0.0)
+        )
+    };
+    println!(
+        "replica:    {} at commit {}, {state}",
+        text(&r["url"]),
+        r["shipped_commit"]
+    );
+    if let Some(e) = r["error"].as_str() {
+        println!("            unreachable: {e}");
+    }
+}
+
+/// `replica ls`: one line per generation, oldest first.
+pub(super) fn replica_ls(url: &str, list: &[crate::replica::restore::GenerationInfo], f: Format) {
+    if f == Format::Json {
+        println!("{}", json!({"url": url, "generations": list}));
+        return;
+    }
+    if list.is_empty() {
+        println!("{url}: no generations");
+        return;
+    }
+    println!("generation                     started              commits      until");
+    for g in list {
+        let (Some(first), Some(last)) = (g.commit, g.last_commit) else {
+            println!(
+                "{:<30} {}  (incomplete: never finished uploading)",
+                g.generation,
+                fmt_time(g.started_ns)
+            );
+            continue;
+        };
+        println!(
+            "{:<30} {}  {:>5}..{:<5} {}",
+            g.generation,
+            fmt_time(g.started_ns),
+            first,
+            last,
+            g.last_time_ns.map(fmt_time).unwrap_or_default()
+        );
+    }
+}
+
+/// `restore --from`.
+pub(super) fn restored_from(r: &crate::replica::restore::Restored, f: Format) {
+    if f == Format::Json {
+        println!("{}", serde_json::to_value(r).unwrap_or_default());
+        return;
+    }
+    eprintln!(
+        "restored {} from {} (generation {}): commit {} of {}, {} commits applied after its snapshot",
+        r.store.display(),
+        r.url,
+        r.generation,
+        r.commit,
+        fmt_time(r.commit_time_ns),
+        r.records
+    );
+    if let Some(k) = &r.kept {
+        eprintln!("the previous store is kept as {}", k.display());
     }
 }
 

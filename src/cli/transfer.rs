@@ -50,7 +50,9 @@ pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
 }
 
 pub(super) fn restore(a: Restore) -> Result<i32, String> {
-    let store = mount::absolute(&a.store)?;
+    let [snapshot, store] = <[_; 2]>::try_from(a.paths)
+        .map_err(|_| "restore SNAPSHOT STORE (or restore --from URL STORE)".to_string())?;
+    let store = mount::absolute(&store)?;
     if let Some(mp) = mount::mountpoint_of_store(&store) {
         return Err(format!(
             "{} is mounted at {}; unmount it before restoring",
@@ -58,7 +60,7 @@ pub(super) fn restore(a: Restore) -> Result<i32, String> {
             mp.display()
         ));
     }
-    let kept = tools::restore(&a.snapshot, &store, a.discard_current)?;
+    let kept = tools::restore(&snapshot, &store, a.discard_current)?;
     output::restored(&store, kept.as_deref());
     Ok(0)
 }

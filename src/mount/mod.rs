@@ -49,6 +49,8 @@ pub struct MountRequest {
     pub read_only: bool,
     /// History retention in ns (0 = off); `None` keeps what the store recorded.
     pub keep_history: Option<u64>,
+    /// Replicas and their schedule; `None` fields keep what the store recorded.
+    pub replica: crate::replica::ReplicaOverrides,
     /// What this attempt has created so far (the daemon's log, directories): removed again if
     /// it fails before the mount answers.
     pub created: Created,
@@ -377,7 +379,24 @@ fn run_daemon_inner(
         Err(e) => Err(e),
     };
     let served = match mounted {
-        Ok(fd) => crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready),
+        Ok(fd) => {
+            let settings = crate::replica::Settings::stored(fs.store());
+            let replication = crate::replica::Replication::start(&fs, &settings)
+                .map_err(|e| tracing::error!("{e}; not replicating"))
+                .ok()
+                .flatten()
+                .map(Arc::new);
+            daemon.set_replication(replication.clone());
+            let served =
+                crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
+            // What the session committed last goes up before the store closes.
+            fs.flush_all();
+            daemon.set_replication(None);
+            if let Some(r) = replication.and_then(|r| Arc::try_unwrap(r).ok()) {
+                r.stop();
+            }
+            served
+        }
         Err(e) => {
             let e = give_back(e);
             close_store(fs);
@@ -413,6 +432,7 @@ fn open_fs(
     created: &mut Created,
 ) -> Result<Arc<Fs>, String> {
     let (store, limits) = open_store(store_path, &req.limits, req.read_only, created)?;
+    crate::replica::config::remember(&store, &req.replica, req.read_only)?;
     // The session's write-ahead log (the first commit made it): closing the store removes it,
     // and so does a failed attempt.
     created.record(&crate::store::wal::path_of(store_path));

@@ -183,6 +183,8 @@ impl WriteTxn<'_> {
         let store = self.store;
         let mut gap = GapGuard { store, armed: true };
         store.injected_panic(fault::PanicAt::Numbered);
+        // What the transaction changed: the log's record, and what replication ships.
+        let redo = self.redo.take();
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         meta.insert(META_LOG_SEQ, seq.to_le_bytes().as_slice())
             .map_err(map_err)?;
@@ -214,8 +216,10 @@ impl WriteTxn<'_> {
                 let wal = store.wal.get().and_then(|w| w.as_ref());
                 let pending = wal.map(|w| w.pending()).transpose()?;
                 let result = self.commit_durably(seq);
-                if let (Err(_), Some(w)) = (&result, wal) {
-                    w.fail();
+                match (&result, wal) {
+                    (Err(_), Some(w)) => w.fail(),
+                    (Ok(_), _) => store.tap(seq, redo.as_deref()),
+                    _ => {}
                 }
                 drop(pending);
                 gap.armed = result.is_err();
@@ -225,10 +229,12 @@ impl WriteTxn<'_> {
         drop(meta);
         let Some(wal) = wal else {
             let result = self.commit_durably(seq);
+            if result.is_ok() {
+                store.tap(seq, redo.as_deref());
+            }
             gap.armed = result.is_err();
             return result;
         };
-        let redo = self.redo.take();
         let mut pending = wal.pending()?;
         let fits = redo.as_ref().is_some_and(|r| pending.fits(r.len()));
         // Near a full disk, pages freed by commits that are not durable in redb are not handed
@@ -240,6 +246,7 @@ impl WriteTxn<'_> {
                 return Err(e);
             }
             pending.checkpointed(seq);
+            store.tap(seq, redo.as_deref());
             gap.armed = false;
             return Ok(seq);
         }
@@ -255,6 +262,7 @@ impl WriteTxn<'_> {
             wal.fail();
             return Err(e);
         }
+        store.tap(seq, redo.as_deref());
         drop(pending);
         store.injected_panic(fault::PanicAt::Committed);
         if sync == Sync::Durable {

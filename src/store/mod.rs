@@ -11,7 +11,8 @@
 //! with the schema's accessors; `content` stores file content in blobs and counts their
 //! references; `history` captures before-images and answers history queries; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
-//! writes a snapshot into a new store file; `readonly` opens a store without writing to it.
+//! writes a snapshot into a new store file; `replica` hands each commit's record to
+//! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
 //! `wal` and `redo` are the log's file and records, `disk` and `sim` the disk under them,
 //! `fault` the failures the tests inject.
 
@@ -26,6 +27,7 @@ mod open;
 mod read;
 mod readonly;
 mod redo;
+mod replica;
 pub mod schema;
 #[doc(hidden)]
 pub mod sim;
@@ -43,6 +45,7 @@ pub use copy::CopyStats;
 pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
+pub use replica::{Batch, Feed, apply_records, decode_segment, encode_segment, record_time};
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::WriteTxn;
 
@@ -161,6 +164,9 @@ pub struct Store {
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
+    /// The replicas' queues of committed records (see `replica`); set once, when the daemon
+    /// starts replicating.
+    feeds: OnceLock<Vec<std::sync::Arc<replica::Feed>>>,
 }
 
 impl Store {

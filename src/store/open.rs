@@ -57,6 +57,7 @@ impl Store {
             disk_free: AtomicU64::new(u64::MAX),
             comms: Mutex::new(HashMap::new()),
             failed: std::sync::atomic::AtomicBool::new(false),
+            feeds: OnceLock::new(),
         };
         // Before anything commits: the first commit starts a new log.
         store.recover()?;

@@ -61,6 +61,37 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
     Ok(())
 }
 
+/// When the transaction of a record committed, ns since the epoch: its put of the `meta` key
+/// "last_commit" (every commit but a checkpoint's records it). None if it has none or does
+/// not decode.
+pub(super) fn commit_time(payload: &[u8]) -> Option<i64> {
+    let mut rest = payload;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        (rest.len() >= n).then(|| {
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            head
+        })
+    };
+    let mut found = None;
+    while let Some(op) = take(1) {
+        let op = op[0];
+        let name_len = take(1)?[0] as usize;
+        let is_meta = take(name_len)? == b"meta";
+        let key_len = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+        let key = take(key_len)?;
+        let is_time = is_meta && key == META_LAST_COMMIT.as_bytes();
+        if op == REDO_PUT {
+            let n = u32::from_le_bytes(take(4)?.try_into().ok()?) as usize;
+            let v = take(n)?;
+            if is_time && v.len() == 8 {
+                found = Some(u64::from_le_bytes(v.try_into().ok()?) as i64);
+            }
+        }
+    }
+    found
+}
+
 const REDO_PUT: u8 = 1;
 const REDO_DEL: u8 = 2;
 

@@ -82,6 +82,12 @@ pub(super) fn read(disk: &Disk, path: &Path, id: u64) -> Result<Vec<(u64, Vec<u8
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(io("reading", path, e)),
     };
+    Ok(parse(&bytes, id))
+}
+
+/// The records of log `id` that `bytes` holds from its start, in order, up to the first that
+/// does not verify or does not follow its predecessor (see the module comment).
+pub(super) fn parse(bytes: &[u8], id: u64) -> Vec<(u64, Vec<u8>)> {
     let mut out: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut at = 0usize;
     while at + HEADER <= bytes.len() {
@@ -106,11 +112,11 @@ pub(super) fn read(disk: &Disk, path: &Path, id: u64) -> Result<Vec<(u64, Vec<u8
         out.push((seq, payload.to_vec()));
         at += HEADER + len;
     }
-    Ok(out)
+    out
 }
 
 /// Appends one record to `buf`.
-fn encode(buf: &mut Vec<u8>, id: u64, seq: u64, payload: &[u8]) {
+pub(super) fn encode(buf: &mut Vec<u8>, id: u64, seq: u64, payload: &[u8]) {
     buf.extend_from_slice(MAGIC);
     buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     buf.extend_from_slice(&seq.to_le_bytes());

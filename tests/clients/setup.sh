@@ -2,7 +2,9 @@
 # Installs the pinned stock SDK clients that tests/sdk_clients.rs drives against a mount:
 # @anthropic-ai/sdk 1.14.0 into tests/clients/node_modules (npm ci from the committed lockfile)
 # and anthropic 2.14.0 into the venv tests/clients/.venv (exact pins in requirements.txt), so
-# the system Python is untouched. Idempotent; safe to run as root on a fresh machine.
+# the system Python is untouched; and the moto S3 server that tests/replica.rs replicates to,
+# into the venv tests/replica/.venv (exact pins in tests/replica/requirements.txt).
+# Idempotent; safe to run as root on a fresh machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -31,6 +33,13 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' >/dev/null 2>
 fi
 .venv/bin/python -m pip install --disable-pip-version-check --quiet -r requirements.txt
 
+# The S3-protocol server of the replication tests.
+if [ ! -x ../replica/.venv/bin/python ] || ! ../replica/.venv/bin/python -c 'import sys' >/dev/null 2>&1; then
+  rm -rf ../replica/.venv
+  python3 -m venv ../replica/.venv
+fi
+../replica/.venv/bin/python -m pip install --disable-pip-version-check --quiet -r ../replica/requirements.txt
+
 # Fail here, not in the tests, if the pins did not take.
 node -e '
   const v = require("@anthropic-ai/sdk/version").VERSION;
@@ -43,4 +52,10 @@ from anthropic.tools import BetaLocalFilesystemMemoryTool  # noqa: F401
 if anthropic.__version__ != "2.14.0":
     sys.exit(f"anthropic is {anthropic.__version__}, want 2.14.0")
 print(f"anthropic {anthropic.__version__} (python {sys.version.split()[0]})")
+'
+../replica/.venv/bin/python -c '
+import sys, moto
+if moto.__version__ != "5.2.5":
+    sys.exit(f"moto is {moto.__version__}, want 5.2.5")
+print(f"moto {moto.__version__} (S3 server for the replication tests)")
 '

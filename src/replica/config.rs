@@ -1,0 +1,101 @@
+//! What a store keeps about its replicas: the URLs and the schedule, in its `meta` table like
+//! the limits, so a plain `redbfs mount` after a restart replicates as before.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::schema::META_REPLICAS;
+use crate::store::{Store, Sync};
+
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Where a store replicates to, and how often.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    pub urls: Vec<String>,
+    /// New records are shipped at least this often while commits happen, ns.
+    pub interval_ns: u64,
+    /// A new generation (a full snapshot) this often, so a restore replays a bounded log, ns.
+    pub snapshot_every_ns: u64,
+    /// Generations replaced longer ago than this are removed, ns.
+    pub keep_ns: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            urls: Vec::new(),
+            interval_ns: SECOND_NS,
+            snapshot_every_ns: 86_400 * SECOND_NS,
+            keep_ns: 7 * 86_400 * SECOND_NS,
+        }
+    }
+}
+
+impl Settings {
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.interval_ns.max(10_000_000))
+    }
+
+    /// What `store` keeps (the defaults when it keeps nothing).
+    pub fn stored(store: &Store) -> Settings {
+        store
+            .read()
+            .and_then(|r| r.meta_bytes(META_REPLICAS))
+            .ok()
+            .flatten()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// What `redbfs mount` was given; None keeps what the store recorded.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaOverrides {
+    /// `--replica` (repeatable); `none` alone stops replicating.
+    pub urls: Option<Vec<String>>,
+    pub interval_ns: Option<u64>,
+    pub snapshot_every_ns: Option<u64>,
+    pub keep_ns: Option<u64>,
+}
+
+impl ReplicaOverrides {
+    fn apply(&self, mut s: Settings) -> Settings {
+        if let Some(urls) = &self.urls {
+            s.urls = urls.iter().filter(|u| *u != "none").cloned().collect();
+        }
+        if let Some(v) = self.interval_ns {
+            s.interval_ns = v;
+        }
+        if let Some(v) = self.snapshot_every_ns {
+            s.snapshot_every_ns = v;
+        }
+        if let Some(v) = self.keep_ns {
+            s.keep_ns = v;
+        }
+        s
+    }
+}
+
+/// The replica settings of a mount: what the store keeps with `o` applied, every URL checked
+/// (its form; nothing is contacted), and recorded in the store when they changed (never by a
+/// read-only mount).
+pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<Settings, String> {
+    let stored = Settings::stored(store);
+    let settings = o.apply(stored.clone());
+    for url in &settings.urls {
+        super::Target::open(url)?;
+    }
+    if settings.interval_ns == 0 {
+        return Err("--replica-interval must be more than 0".into());
+    }
+    if !read_only && settings != stored {
+        let json = serde_json::to_vec(&settings).map_err(|e| e.to_string())?;
+        let w = store.write().map_err(|e| e.to_string())?;
+        w.put_meta(META_REPLICAS, &json)
+            .map_err(|e| e.to_string())?;
+        w.commit(Sync::Durable).map_err(|e| e.to_string())?;
+    }
+    Ok(settings)
+}

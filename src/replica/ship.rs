@@ -1,0 +1,398 @@
+//! Shipping: one thread per replica of a mount, beside the commit path and never in its way.
+//! Each starts a generation (a snapshot of the store) and then, at least every interval while
+//! commits happen, uploads the records its feed holds as one segment following the last. A
+//! new generation starts on the snapshot schedule and whenever the feed's chain breaks. An
+//! upload that fails is tried again at the next interval with everything that has committed
+//! since: an unreachable replica costs the mount nothing but memory for the records (up to the
+//! feed's bound, then a snapshot carries on), and logs one warning per outage.
+//!
+//! Invariant kept here: a segment is uploaded only after the one before it (or the snapshot)
+//! was uploaded whole, and records leave the feed only once uploaded.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use object_store::{ObjectStoreExt, WriteMultipart};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{Manifest, Settings, Target, runtime, segment_name, started_of};
+use crate::fs::Fs;
+use crate::store::{Batch, Feed, encode_segment, now_ns};
+
+/// A segment holds about this much at most; a backlog goes up in several, in order.
+const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
+/// A snapshot up to this size goes up in one request; larger ones in parts of this size.
+const PART_BYTES: usize = 16 * 1024 * 1024;
+/// How often old generations are looked for (and after each new generation).
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+
+/// What a replica has shipped, for `redbfs status`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Lag {
+    pub url: String,
+    pub generation: Option<String>,
+    /// The last commit the replica holds.
+    pub shipped_commit: u64,
+    /// When an upload last succeeded, ns since the epoch.
+    pub last_upload_ns: Option<i64>,
+    /// Why the last attempt failed, while the replica is out of reach.
+    pub error: Option<String>,
+    pub snapshots: u64,
+    pub snapshot_bytes: u64,
+    pub segments: u64,
+    /// Bytes of segments uploaded, and of the log records they hold.
+    pub segment_bytes: u64,
+    pub record_bytes: u64,
+    pub records: u64,
+}
+
+#[derive(Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Stop {
+    /// Waits up to `d`; whether the replication is stopping.
+    fn wait(&self, d: Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .wake
+            .wait_timeout_while(guard, d, |stopped| !*stopped)
+            .unwrap_or_else(|p| p.into_inner());
+        *guard
+    }
+}
+
+/// The replication of a mount: its shipping threads and what each has shipped.
+pub struct Replication {
+    stop: Arc<Stop>,
+    threads: Vec<JoinHandle<()>>,
+    lags: Vec<(Arc<Mutex<Lag>>, Arc<Feed>)>,
+}
+
+fn lock(m: &Mutex<Lag>) -> MutexGuard<'_, Lag> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Replication {
+    /// Starts shipping `fs`'s commits to each replica of `settings`; None when there is none.
+    pub fn start(fs: &Arc<Fs>, settings: &Settings) -> Result<Option<Replication>, String> {
+        if settings.urls.is_empty() || fs.is_read_only() {
+            return Ok(None);
+        }
+        let targets: Vec<Target> = settings
+            .urls
+            .iter()
+            .map(|u| Target::open(u))
+            .collect::<Result<_, _>>()?;
+        let feeds = fs.store().attach_feeds(targets.len());
+        let stop = Arc::new(Stop::default());
+        let mut r = Replication {
+            stop: stop.clone(),
+            threads: Vec::new(),
+            lags: Vec::new(),
+        };
+        for (i, (target, feed)) in targets.into_iter().zip(feeds).enumerate() {
+            let lag = Arc::new(Mutex::new(Lag {
+                url: target.url.clone(),
+                ..Lag::default()
+            }));
+            r.lags.push((lag.clone(), feed.clone()));
+            let shipper = Shipper {
+                fs: fs.clone(),
+                target,
+                feed,
+                settings: settings.clone(),
+                lag,
+                generation: None,
+                pruned: None,
+                outage: false,
+                scratch: scratch_path(fs.store().path(), i),
+            };
+            let stop = stop.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("replica-{i}"))
+                .spawn(move || shipper.run(&stop))
+                .map_err(|e| format!("starting the replica thread: {e}"))?;
+            r.threads.push(t);
+        }
+        Ok(Some(r))
+    }
+
+    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops.
+    pub fn stop(self) {
+        *self.stop.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.stop.wake.notify_all();
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+
+    /// Each replica's state, with how far behind commit `commits` it is.
+    pub fn status(&self, commits: u64) -> Value {
+        let now = now_ns();
+        let list: Vec<Value> = self
+            .lags
+            .iter()
+            .map(|(lag, feed)| {
+                let l = lock(lag).clone();
+                let behind = commits.saturating_sub(l.shipped_commit);
+                let since = feed
+                    .oldest_after(l.shipped_commit)
+                    .or(l.last_upload_ns)
+                    .unwrap_or(now);
+                let seconds = if behind == 0 {
+                    0.0
+                } else {
+                    (now - since).max(0) as f64 / 1e9
+                };
+                let mut v = serde_json::to_value(&l).unwrap_or_default();
+                v["commits_behind"] = json!(behind);
+                v["seconds_behind"] = json!((seconds * 10.0).round() / 10.0);
+                v
+            })
+            .collect();
+        Value::Array(list)
+    }
+}
+
+/// A private scratch file beside the store for the snapshot of a new generation.
+fn scratch_path(store: &std::path::Path, i: usize) -> PathBuf {
+    let name = store
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    crate::private::parent_dir(store)
+        .join(format!(".{name}.replica-{}-{i}.tmp", std::process::id()))
+}
+
+struct Generation {
+    name: String,
+    log_id: u64,
+    /// The last commit uploaded (the snapshot's, then each segment's last).
+    shipped: u64,
+    started: Instant,
+}
+
+/// One replica's shipping thread.
+struct Shipper {
+    fs: Arc<Fs>,
+    target: Target,
+    feed: Arc<Feed>,
+    settings: Settings,
+    lag: Arc<Mutex<Lag>>,
+    generation: Option<Generation>,
+    pruned: Option<Instant>,
+    outage: bool,
+    scratch: PathBuf,
+}
+
+impl Shipper {
+    fn run(mut self, stop: &Stop) {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(replica = %self.target.url, "{e}; not replicating");
+                return;
+            }
+        };
+        let mut stopping = false;
+        loop {
+            if !(stopping && self.outage) {
+                let result = rt.block_on(self.step());
+                self.report(result);
+            }
+            if stopping {
+                break;
+            }
+            stopping = stop.wait(self.settings.interval());
+        }
+        let _ = std::fs::remove_file(&self.scratch);
+    }
+
+    /// One warning when the replica goes out of reach, one line when it is back.
+    fn report(&mut self, result: Result<(), String>) {
+        let mut lag = lock(&self.lag);
+        match result {
+            Ok(()) => {
+                if self.outage {
+                    tracing::info!(replica = %self.target.url, commit = lag.shipped_commit, "the replica is reachable again and has caught up");
+                }
+                self.outage = false;
+                lag.error = None;
+            }
+            Err(e) => {
+                if !self.outage {
+                    tracing::warn!(replica = %self.target.url, error = %e, "cannot reach the replica; the mount carries on, and the replica catches up once it is back (`redbfs status` shows how far behind it is)");
+                }
+                self.outage = true;
+                lag.error = Some(e);
+            }
+        }
+    }
+
+    async fn step(&mut self) -> Result<(), String> {
+        let due = match &self.generation {
+            None => true,
+            Some(g) => g.started.elapsed() >= Duration::from_nanos(self.settings.snapshot_every_ns),
+        };
+        if due || self.feed.is_broken() {
+            self.start_generation().await?;
+        }
+        loop {
+            let after = self.generation.as_ref().map_or(0, |g| g.shipped);
+            match self.feed.take(after, SEGMENT_BYTES) {
+                Batch::Broken => self.start_generation().await?,
+                Batch::Records(r) if r.is_empty() => break,
+                Batch::Records(r) => self.ship(r).await?,
+            }
+        }
+        if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            self.prune().await?;
+            self.pruned = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Uploads one segment following the last one shipped.
+    async fn ship(&mut self, records: Vec<(u64, Vec<u8>)>) -> Result<(), String> {
+        let g = self.generation.as_mut().ok_or("no generation")?;
+        let (first, last) = (records[0].0, records[records.len() - 1].0);
+        let bytes = encode_segment(g.log_id, &records);
+        let size = bytes.len() as u64;
+        let path = self.target.gen_path(&g.name, &segment_name(first, last));
+        self.target.put(&path, bytes).await?;
+        g.shipped = last;
+        self.feed.release(last);
+        let mut lag = lock(&self.lag);
+        lag.shipped_commit = last;
+        lag.last_upload_ns = Some(now_ns());
+        lag.segments += 1;
+        lag.segment_bytes += size;
+        lag.records += records.len() as u64;
+        lag.record_bytes += records.iter().map(|r| r.1.len() as u64).sum::<u64>();
+        Ok(())
+    }
+
+    /// A new generation: a snapshot of the store now, uploaded whole, then its manifest.
+    async fn start_generation(&mut self) -> Result<(), String> {
+        let _ = std::fs::remove_file(&self.scratch);
+        let taken = (|| {
+            let r = self.fs.store().read()?;
+            let commit = r.commit_number()?;
+            let time = r.last_commit()?.unwrap_or(0);
+            r.copy_to(&self.scratch, &mut |_| {})?;
+            Ok::<_, crate::store::StoreError>((commit, time))
+        })();
+        let (commit, commit_time_ns) = taken.map_err(|e| {
+            let _ = std::fs::remove_file(&self.scratch);
+            format!("taking a snapshot for the replica: {e}")
+        })?;
+        let started_ns = now_ns();
+        let name = format!("{started_ns:020}-{:08x}", random() as u32);
+        let uploaded = self.upload_snapshot(&name).await;
+        let _ = std::fs::remove_file(&self.scratch);
+        let snapshot_bytes = uploaded?;
+        let manifest = Manifest {
+            version: 1,
+            generation: name.clone(),
+            log_id: random(),
+            commit,
+            commit_time_ns,
+            started_ns,
+            snapshot_bytes,
+        };
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
+        let at = self.target.gen_path(&name, "manifest.json");
+        self.target.put(&at, json).await?;
+        self.feed.restart(commit);
+        tracing::info!(replica = %self.target.url, generation = %name, commit, bytes = snapshot_bytes, "replica: new generation");
+        self.generation = Some(Generation {
+            name,
+            log_id: manifest.log_id,
+            shipped: commit,
+            started: Instant::now(),
+        });
+        let mut lag = lock(&self.lag);
+        lag.generation = Some(manifest.generation);
+        lag.shipped_commit = commit;
+        lag.last_upload_ns = Some(now_ns());
+        lag.snapshots += 1;
+        lag.snapshot_bytes += snapshot_bytes;
+        drop(lag);
+        // A new generation may let an old one go.
+        self.pruned = None;
+        Ok(())
+    }
+
+    /// Uploads the scratch snapshot as the generation's `snapshot.redb`; its size.
+    async fn upload_snapshot(&self, generation: &str) -> Result<u64, String> {
+        use std::io::Read;
+        let path = self.target.gen_path(generation, "snapshot.redb");
+        let mut file = std::fs::File::open(&self.scratch).map_err(|e| e.to_string())?;
+        let size = file.metadata().map_err(|e| e.to_string())?.len();
+        if size as usize <= PART_BYTES {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+            self.target.put(&path, bytes).await?;
+            return Ok(size);
+        }
+        let upload = self
+            .target
+            .store
+            .put_multipart(&path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut buf = vec![0u8; PART_BYTES];
+        loop {
+            let n = file.read(&mut buf).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            w.wait_for_capacity(4).await.map_err(|e| e.to_string())?;
+            w.write(&buf[..n]);
+        }
+        w.finish().await.map_err(|e| e.to_string())?;
+        Ok(size)
+    }
+
+    /// Removes the generations no point of the last `keep` needs: every one older than a
+    /// restorable generation that itself started more than `keep` ago. Never the current one.
+    async fn prune(&self) -> Result<(), String> {
+        let cutoff = now_ns().saturating_sub(self.settings.keep_ns as i64);
+        let current = self.generation.as_ref().map(|g| g.name.as_str());
+        let mut covered = false;
+        for name in self.target.generation_names().await?.iter().rev() {
+            if Some(name.as_str()) == current {
+                // Everything older than the current generation may go only by `keep`.
+            } else if covered {
+                self.target.remove_generation(name).await?;
+                tracing::info!(replica = %self.target.url, generation = %name, "replica: removed an old generation");
+                continue;
+            }
+            let old = started_of(name).is_some_and(|t| t < cutoff);
+            if old && self.target.manifest(name).await?.is_some() {
+                covered = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A random u64 (nonzero).
+fn random() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let v = if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        now_ns() as u64 ^ ((std::process::id() as u64) << 32)
+    };
+    v.max(1)
+}

@@ -1,0 +1,241 @@
+//! What the store gives replication (`crate::replica`): every commit's log record, handed over
+//! as it commits, and the two things only this module can do with records: encode them into a
+//! segment (the log's own record layout) and apply them to a store file at restore.
+//!
+//! A `Feed` is one replica's queue of committed records not yet shipped. The commit path puts
+//! each record in every feed (`Store::tap`) after redb committed it, and never waits: the
+//! shipper takes records from the feed on its own thread. A feed keeps what it was given
+//! until the shipper releases it, so the log's checkpoints (which start the log file again)
+//! never take an unshipped record away. A commit without a record (a transaction too large
+//! for one, over `wal::MAX_RECORD`) or a feed that outgrew `FEED_BYTES` (a replica out of
+//! reach for long) breaks the chain: the shipper then starts a new generation from a snapshot,
+//! which holds everything the missing records held.
+//!
+//! Invariant kept here: a feed hands out only an unbroken run of commit numbers following what
+//! the replica holds, so a replica is always a prefix of the store's commits.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redb::Database;
+
+use super::read::ReadTxn;
+use super::redo::{commit_time, replay};
+use super::schema::*;
+use super::{Store, StoreError, map_err, now_ns, wal};
+
+/// Records a feed holds before it gives up and asks for a new generation.
+const FEED_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a feed has for its shipper.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Batch {
+    /// The records following the replica's last commit, in order (maybe none yet).
+    Records(Vec<(u64, Vec<u8>)>),
+    /// A record is missing: only a new snapshot can carry on.
+    Broken,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// Commit number -> (when the feed got it, ns; its record, or None for a commit without).
+    records: BTreeMap<u64, (i64, Option<Vec<u8>>)>,
+    bytes: usize,
+    broken: bool,
+}
+
+/// One replica's queue of committed records not yet shipped.
+#[derive(Default)]
+pub struct Feed {
+    state: Mutex<FeedState>,
+}
+
+impl Feed {
+    fn lock(&self) -> MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, seq: u64, record: Option<&[u8]>) {
+        let mut s = self.lock();
+        if s.broken {
+            return;
+        }
+        let len = record.map_or(0, <[u8]>::len);
+        if s.bytes + len > FEED_BYTES {
+            // The replica has been out of reach for long: a snapshot will carry on from here.
+            *s = FeedState {
+                broken: true,
+                ..FeedState::default()
+            };
+            return;
+        }
+        s.bytes += len;
+        s.records
+            .insert(seq, (now_ns(), record.map(<[u8]>::to_vec)));
+    }
+
+    /// Forgets every record up to `upto` (shipped, or held by a snapshot).
+    pub fn release(&self, upto: u64) {
+        let mut s = self.lock();
+        let keep = s.records.split_off(&(upto + 1));
+        let gone: usize = s
+            .records
+            .values()
+            .map(|r| r.1.as_ref().map_or(0, Vec::len))
+            .sum();
+        s.bytes -= gone;
+        s.records = keep;
+    }
+
+    /// A new generation starts from a snapshot holding commit `upto`: the chain is whole again.
+    pub fn restart(&self, upto: u64) {
+        self.release(upto);
+        self.lock().broken = false;
+    }
+
+    /// The unbroken run of records after commit `after`, up to about `max_bytes`; they stay
+    /// in the feed until released.
+    pub fn take(&self, after: u64, max_bytes: usize) -> Batch {
+        let s = self.lock();
+        if s.broken {
+            return Batch::Broken;
+        }
+        let mut out = Vec::new();
+        let mut size = 0usize;
+        for (next, (&seq, (_, record))) in (after + 1..).zip(s.records.range(after + 1..)) {
+            if seq != next || (size > 0 && size >= max_bytes) {
+                break;
+            }
+            let Some(r) = record else {
+                return if out.is_empty() {
+                    Batch::Broken
+                } else {
+                    Batch::Records(out)
+                };
+            };
+            size += r.len();
+            out.push((seq, r.clone()));
+        }
+        Batch::Records(out)
+    }
+
+    /// When the oldest commit after `after` that the feed holds was handed over, ns.
+    pub fn oldest_after(&self, after: u64) -> Option<i64> {
+        self.lock()
+            .records
+            .range(after + 1..)
+            .next()
+            .map(|(_, r)| r.0)
+    }
+
+    /// Whether the chain is broken (a new generation is due).
+    pub fn is_broken(&self) -> bool {
+        self.lock().broken
+    }
+}
+
+impl Store {
+    /// Starts `n` feeds; every commit from now on is handed to each. Only once per store.
+    pub fn attach_feeds(&self, n: usize) -> Vec<Arc<Feed>> {
+        let feeds: Vec<Arc<Feed>> = (0..n).map(|_| Arc::new(Feed::default())).collect();
+        let _ = self.feeds.set(feeds);
+        self.feeds.get().cloned().unwrap_or_default()
+    }
+
+    /// Hands commit `seq`'s record to every feed (None: the commit has no record).
+    pub(super) fn tap(&self, seq: u64, record: Option<&[u8]>) {
+        if let Some(feeds) = self.feeds.get() {
+            for f in feeds {
+                f.push(seq, record);
+            }
+        }
+    }
+}
+
+impl ReadTxn {
+    /// The number of the last commit this snapshot holds.
+    pub fn commit_number(&self) -> Result<u64, StoreError> {
+        Ok(self.meta_u64(META_LOG_SEQ)?.unwrap_or(0))
+    }
+}
+
+/// A segment: `records` in the log's record layout under log id `id`.
+pub fn encode_segment(id: u64, records: &[(u64, Vec<u8>)]) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(records.iter().map(|r| r.1.len() + 24).sum());
+    for (seq, payload) in records {
+        wal::encode(&mut buf, id, *seq, payload);
+    }
+    buf
+}
+
+/// The records of a segment written under log id `id`: None unless every byte of it is whole
+/// records that verify and follow each other.
+pub fn decode_segment(id: u64, bytes: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
+    let records = wal::parse(bytes, id);
+    let used: usize = records.iter().map(|r| r.1.len() + 24).sum();
+    (used == bytes.len()).then_some(records)
+}
+
+/// When a record's transaction committed (ns since the epoch), if it says.
+pub fn record_time(payload: &[u8]) -> Option<i64> {
+    commit_time(payload)
+}
+
+/// Applies `records` (in order, following the commit the store file at `path` holds) to that
+/// file, in one durable transaction; the file then holds the last one's commit number and no
+/// log belongs to it. The file must not be open elsewhere.
+pub fn apply_records(path: &Path, records: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+    let db = Database::builder().open(path).map_err(map_err)?;
+    let mut tx = db.begin_write().map_err(map_err)?;
+    let mut last = None;
+    for (seq, payload) in records {
+        replay(&tx, payload)?;
+        last = Some(*seq);
+    }
+    {
+        let mut meta = tx.open_table(META).map_err(map_err)?;
+        if let Some(last) = last {
+            meta.insert(META_LOG_SEQ, last.to_le_bytes().as_slice())
+                .map_err(map_err)?;
+        }
+        meta.remove(META_LOG_ID).map_err(map_err)?;
+    }
+    tx.set_durability(redb::Durability::Immediate)
+        .map_err(|e| StoreError::Io(e.to_string()))?;
+    tx.commit().map_err(map_err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_feed_hands_out_an_unbroken_run_and_keeps_it_until_released() {
+        let f = Feed::default();
+        f.push(3, Some(b"c"));
+        f.push(2, Some(b"b"));
+        f.push(5, Some(b"e"));
+        assert_eq!(
+            f.take(1, 1 << 20),
+            Batch::Records(vec![(2, b"b".to_vec()), (3, b"c".to_vec())])
+        );
+        assert_eq!(f.take(1, 1), Batch::Records(vec![(2, b"b".to_vec())]));
+        f.release(3);
+        assert_eq!(f.take(3, 1 << 20), Batch::Records(vec![]), "4 is missing");
+        f.push(4, None);
+        assert_eq!(f.take(3, 1 << 20), Batch::Broken);
+        f.restart(4);
+        assert_eq!(f.take(4, 1 << 20), Batch::Records(vec![(5, b"e".to_vec())]));
+    }
+
+    #[test]
+    fn a_segment_decodes_only_whole() {
+        let recs = vec![(7, b"seven".to_vec()), (8, vec![1u8; 1000])];
+        let seg = encode_segment(42, &recs);
+        assert_eq!(decode_segment(42, &seg), Some(recs));
+        assert_eq!(decode_segment(43, &seg), None, "another generation's id");
+        assert_eq!(decode_segment(42, &seg[..seg.len() - 1]), None, "torn");
+    }
+}

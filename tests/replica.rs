@@ -1,0 +1,486 @@
+//! Replication to object storage, end to end: a mount with `--replica` against a local
+//! directory (`file://`) and against a real S3-protocol server (moto, from
+//! tests/replica/requirements.txt, installed by tests/clients/setup.sh) on 127.0.0.1.
+//!
+//! Each flow records the tree after every operation. The machine is then "lost" (the daemon
+//! SIGKILLed, the store and its log deleted) and `restore --from` on a fresh directory must
+//! give one of the recorded trees (a prefix of what was done), no older than the last one
+//! the replica had caught up with; `--at COMMIT` must give exactly the tree at that commit.
+//! The S3 server is reached through a proxy the test can take down, so the mount keeps
+//! serving through an outage, reports the lag, and catches up when the server is back.
+//! No timing is asserted: waits for the replica are bounded polls.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{fuse_available, redbfs_bin};
+
+type Tree = BTreeMap<String, Option<Vec<u8>>>;
+/// The trees after each operation, with the commit each is at.
+type States = Vec<(u64, Tree)>;
+
+/// Files (with content) and directories under `root`.
+fn tree(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                out.insert(rel, None);
+                todo.push(p);
+            } else {
+                out.insert(rel, Some(std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// A mount with replicas, driven through the binary with `env` set.
+struct Mounted {
+    dir: tempfile::TempDir,
+    mp: PathBuf,
+    store: PathBuf,
+    env: Vec<(String, String)>,
+    mounted: bool,
+}
+
+impl Mounted {
+    fn new(url: &str, env: &[(String, String)]) -> Mounted {
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-replica-")
+            .tempdir()
+            .unwrap();
+        let mp = dir.path().join("mnt");
+        let store = dir.path().join("mnt.redb");
+        let m = Mounted {
+            mp,
+            store,
+            dir,
+            env: env.to_vec(),
+            mounted: true,
+        };
+        let log = m.dir.path().join("daemon.log");
+        let out = m.run(&[
+            "mount",
+            m.mp.to_str().unwrap(),
+            "--store",
+            m.store.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+            "--replica",
+            url,
+            "--replica-interval",
+            "200ms",
+        ]);
+        assert!(out.status.success(), "mount: {}", m.log());
+        m
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new(redbfs_bin())
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let out = self.run(&["status", self.mp.to_str().unwrap(), "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Waits (bounded) until every replica holds the last commit; returns that commit.
+    fn caught_up(&self) -> u64 {
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = self.status();
+            let r = &s["replicas"];
+            let all = r.as_array().unwrap();
+            if !all.is_empty() && all.iter().all(|x| x["commits_behind"] == 0) {
+                return s["commits"].as_u64().unwrap();
+            }
+            assert!(
+                Instant::now() < until,
+                "the replica never caught up: {s}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The machine is lost: the daemon killed, the store and its log deleted.
+    fn lose(&mut self) {
+        let pid = self.status()["pid"].as_u64().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
+        self.mounted = false;
+        for p in [
+            self.store.clone(),
+            PathBuf::from(format!("{}.wal", self.store.display())),
+        ] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// `restore --from url [--at at]` into a fresh directory; the restored tree.
+    fn restore(&self, url: &str, at: Option<&str>) -> Tree {
+        let fresh = tempfile::tempdir().unwrap();
+        let store = fresh.path().join("new-host").join("memory.redb");
+        let mut args = vec!["restore", "--from", url, store.to_str().unwrap()];
+        if let Some(at) = at {
+            args.extend(["--at", at]);
+        }
+        let out = self.run(&args);
+        assert!(
+            out.status.success(),
+            "restore --from: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let export = fresh.path().join("export");
+        let out = self.run(&["export", store.to_str().unwrap(), export.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tree(&export)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = self.run(&["unmount", self.mp.to_str().unwrap()]);
+        }
+    }
+}
+
+/// One operation of a session (the kinds an agent's memory tool does), `i` picks it.
+fn op(mp: &Path, i: usize) {
+    let d = mp.join("memories");
+    let name = |k: usize| d.join(format!("note-{}.md", k % 7));
+    match i % 5 {
+        0 | 1 => std::fs::write(name(i), format!("note {i}\n").repeat(i % 13 + 1)).unwrap(),
+        2 => {
+            let tmp = d.join(format!(".tmp-{i}"));
+            std::fs::write(&tmp, format!("replaced at {i}\n")).unwrap();
+            std::fs::rename(&tmp, name(i + 3)).unwrap();
+        }
+        3 => {
+            let _ = std::fs::remove_file(name(i + 1));
+        }
+        _ => std::fs::create_dir_all(d.join(format!("topic-{}", i % 4))).unwrap(),
+    }
+}
+
+/// Whether `r` is a state inside one operation from `a` to `b` (an operation may be more than
+/// one commit: a create, then its content; a temporary file, then its rename).
+fn between(a: &Tree, b: &Tree, r: &Tree) -> bool {
+    let keys: std::collections::BTreeSet<&String> =
+        a.keys().chain(b.keys()).chain(r.keys()).collect();
+    keys.into_iter().all(|k| {
+        let v = r.get(k);
+        v == a.get(k)
+            || v == b.get(k)
+            || k.contains(".tmp-")
+            || (v == Some(&Some(Vec::new())) && matches!(b.get(k), Some(Some(_))))
+    })
+}
+
+/// Runs `n` operations from `from`; after each, the tree and the commit number it is at.
+fn session(m: &Mounted, from: usize, n: usize, states: &mut States) {
+    for i in from..from + n {
+        op(&m.mp, i);
+        let commits = m.status()["commits"].as_u64().unwrap();
+        states.push((commits, tree(&m.mp)));
+    }
+}
+
+/// The whole flow against `url`: a session, the replica caught up, more operations, the
+/// machine lost, restores (latest and at a commit). `outage` runs between the two halves.
+fn lose_and_restore(url: &str, env: &[(String, String)], outage: &dyn Fn(&Mounted, &mut States)) {
+    let mut m = Mounted::new(url, env);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    session(&m, 0, 25, &mut states);
+    outage(&m, &mut states);
+    let acked_commit = m.caught_up();
+    let acked = states.iter().rposition(|s| s.0 <= acked_commit).unwrap();
+    session(&m, 100, 10, &mut states);
+    m.lose();
+    let got = m.restore(url, None);
+    let at = (acked..states.len()).find(|&i| {
+        states[i].1 == got
+            || states
+                .get(i + 1)
+                .is_some_and(|n| between(&states[i].1, &n.1, &got))
+    });
+    assert!(
+        at.is_some(),
+        "the restored tree is not a state at or after the last one the replica had: {got:?}"
+    );
+    // A point in time: the tree right after an early operation.
+    let (commit, want) = &states[states.len() / 3];
+    let got = m.restore(url, Some(&commit.to_string()));
+    assert_eq!(&got, want, "restore --at {commit}");
+    let ls = m.run(&["replica", "ls", url, "--json"]);
+    assert!(ls.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert!(!v["generations"].as_array().unwrap().is_empty(), "{v}");
+}
+
+#[test]
+fn a_file_replica_restores_a_lost_machine_and_any_commit() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    lose_and_restore(&url, &[], &|_, _| {});
+}
+
+/// Killed at a random moment while it ships a stream of commits: whatever it left in the
+/// replica restores, to a state the store was in.
+#[test]
+fn a_daemon_killed_mid_upload_leaves_a_restorable_replica() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = vec![(0, tree(&m.mp))];
+    session(&m, 0, 5, &mut states);
+    m.caught_up();
+    let mp = m.mp.clone();
+    let mut model = tree(&m.mp);
+    let writer = std::thread::spawn(move || {
+        // The only writer: each state it may leave is the one before plus its write (recorded
+        // before the write, which the kill may cut short after its commit).
+        let mut trees = Vec::new();
+        for i in 200..100_000 {
+            // Larger files, so uploads take a while.
+            let rel = format!("memories/big-{}", i % 5);
+            let content = vec![b'a' + (i % 26) as u8; 200_000];
+            model.insert(rel.clone(), Some(content.clone()));
+            trees.push(model.clone());
+            if std::fs::write(mp.join(&rel), content).is_err() {
+                break;
+            }
+        }
+        trees
+    });
+    let seed = common::seed_or(std::process::id() as u64);
+    std::thread::sleep(Duration::from_millis(500 + seed % 1500));
+    m.lose();
+    let trees = writer.join().unwrap();
+    let got = m.restore(&url, None);
+    assert!(
+        states.iter().any(|s| s.1 == got) || trees.contains(&got),
+        "the restored tree is no state the store was in (seed {seed})"
+    );
+}
+
+// ---- S3, through moto ----
+
+/// The moto server from tests/replica/.venv on a free port; killed on drop.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Moto {
+    fn start() -> Moto {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
+        assert!(
+            bin.exists(),
+            "{} is missing: run tests/clients/setup.sh (it installs the pinned moto server)",
+            bin.display()
+        );
+        let port = free_port();
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Moto { child, port }
+    }
+
+    /// Creates a bucket (moto does not check signatures).
+    fn bucket(&self, name: &str) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy in front of the server that the test can take down (connections refused,
+/// open ones cut) and bring back on the same port.
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(to: u16) -> Proxy {
+        let port = free_port();
+        let p = Proxy {
+            port,
+            up: Arc::new(AtomicBool::new(true)),
+            conns: Arc::new(Mutex::new(Vec::new())),
+        };
+        let (up, conns) = (p.up.clone(), p.conns.clone());
+        std::thread::spawn(move || {
+            loop {
+                if !up.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+                l.set_nonblocking(true).unwrap();
+                while up.load(Ordering::Acquire) {
+                    match l.accept() {
+                        Ok((c, _)) => pump(c, to, &conns),
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
+                }
+            }
+        });
+        p
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Release);
+        if !up {
+            for c in self.conns.lock().unwrap().drain(..) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+fn pump(client: TcpStream, to: u16, conns: &Mutex<Vec<TcpStream>>) {
+    client.set_nonblocking(false).unwrap();
+    let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+        return;
+    };
+    conns.lock().unwrap().push(client.try_clone().unwrap());
+    conns.lock().unwrap().push(server.try_clone().unwrap());
+    for (mut a, mut b) in [
+        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+        (server, client),
+    ] {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut a, &mut b);
+            let _ = b.shutdown(Shutdown::Write);
+        });
+    }
+}
+
+fn s3_env(port: u16) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_DEFAULT_REGION", "us-east-1".into()),
+        ("AWS_ALLOW_HTTP", "true".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The same flow against S3, with the server out of reach for a while in the middle: the
+/// mount keeps serving, `status` shows the lag and the error, one warning is logged for the
+/// outage, and the replica catches up and restores completely once the server is back.
+#[test]
+fn an_s3_replica_rides_out_an_outage_and_restores_a_lost_machine() {
+    if !fuse_available() {
+        return;
+    }
+    let moto = Moto::start();
+    moto.bucket("memory");
+    let proxy = Proxy::start(moto.port);
+    let env = s3_env(proxy.port);
+    let outage = |m: &Mounted, states: &mut States| {
+        m.caught_up();
+        proxy.set_up(false);
+        session(m, 50, 10, states);
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = m.status();
+            let r = &s["replicas"][0];
+            if r["commits_behind"].as_u64().unwrap() > 0 && !r["error"].is_null() {
+                break;
+            }
+            assert!(Instant::now() < until, "no lag reported while down: {s}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        session(m, 60, 5, states);
+        proxy.set_up(true);
+        m.caught_up();
+        let log = m.log();
+        assert_eq!(
+            log.matches("cannot reach the replica").count(),
+            1,
+            "one warning per outage:\n{log}"
+        );
+        assert!(log.contains("reachable again"), "{log}");
+    };
+    lose_and_restore("s3://memory/agents/one", &env, &outage);
+}
