@@ -335,6 +335,9 @@ fn run_daemon_inner(
     created: &mut Created,
     ready: &Arc<AtomicBool>,
 ) -> Result<(), String> {
+    // Before any thread starts (the reclaimer, a replica's shipper, redb's): every thread
+    // inherits the mask, so only the signal thread takes SIGTERM and unmounts cleanly.
+    let sigs = block_signals()?;
     let mp = absolute(&req.mountpoint)?;
     let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
     prepare_mountpoint(&mp, created)?;
@@ -342,7 +345,6 @@ fn run_daemon_inner(
     let fuse_device = open_fuse_device()?;
     let fs = open_fs(req, &store_path, created)?;
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
-    let sigs = block_signals()?;
 
     let unmount_mp = mp.clone();
     let daemon = Arc::new(Daemon::new(
