@@ -88,16 +88,17 @@ impl Fs {
     }
 
     /// An orphan may have lost its last reference or handle (its last FORGET, release or
-    /// releasedir): it is reclaimed with the next batch. Past `RECLAIM_BATCH` queued, the
-    /// caller reclaims the batch itself; otherwise the daemon's reclaimer does within
-    /// `RECLAIM_INTERVAL` (so a burst of unlinks costs one more commit, not one each).
+    /// releasedir): it is reclaimed with the next batch. Past `RECLAIM_BATCH` queued, on a
+    /// nearly full disk, or under a quota (where the next write needs the room at once: an
+    /// orphan's content still counts), the caller reclaims the batch itself; otherwise the daemon's reclaimer does within `RECLAIM_INTERVAL` (so
+    /// a burst of unlinks costs one more commit, not one each).
     pub(super) fn reclaim_if_unused(&self, ino: u64) {
         let full = {
             let mut q = lock(&self.reclaims);
             q.push(ino);
             q.len() >= RECLAIM_BATCH
         };
-        if full {
+        if full || self.limits.quota_bytes > 0 || self.store.disk_nearly_full() {
             self.reclaim_queued();
         }
     }
