@@ -184,6 +184,11 @@ impl Daemon {
     }
 
     fn handle(&self, req: &Value) -> Value {
+        // What a tool reads through the daemon (counts, listings, a snapshot) does not count
+        // inodes the kernel has let go of and the reclaimer has not reached yet.
+        if let Ok(fs) = self.fs() {
+            fs.reclaim_queued();
+        }
         match req.get("op").and_then(Value::as_str) {
             Some("status") => self.status(),
             Some("unmount") => match (self.unmount)() {
