@@ -3,8 +3,8 @@
 
 use super::args::{Replica, ReplicaCmd, Restore};
 use super::output::{self, Format};
+use super::target::Target;
 use super::time;
-use crate::mount;
 use crate::replica::restore::{self, Point};
 
 pub(super) fn run(a: Replica) -> Result<i32, String> {
@@ -40,14 +40,7 @@ pub(super) fn restore_from(a: Restore) -> Result<i32, String> {
     let url = a.from.as_deref().unwrap_or_default();
     let [store] = <[_; 1]>::try_from(a.paths)
         .map_err(|_| "restore --from URL STORE takes one path: the store".to_string())?;
-    let store = mount::absolute(&store)?;
-    if let Some(mp) = mount::mountpoint_of_store(&store) {
-        return Err(format!(
-            "{} is mounted at {}; unmount it before restoring",
-            store.display(),
-            mp.display()
-        ));
-    }
+    let store = Target::unmounted(&store, "restoring")?;
     let at = point(a.at.as_deref())?;
     let done = restore::restore(url, at, &store, a.discard_current)?;
     output::restored_from(&done, Format::of(a.json));

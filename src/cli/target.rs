@@ -52,6 +52,18 @@ impl Target {
         self.mountpoint.is_some()
     }
 
+    /// The absolute path of a store file that may not exist yet, refused when it is mounted
+    /// (the same file, however it is spelled), for commands that replace it.
+    pub fn unmounted(store: &Path, what: &str) -> Result<PathBuf, String> {
+        let store = mount::absolute(store)?;
+        let t = Target {
+            mountpoint: mount::mountpoint_of_store(&store),
+            store,
+        };
+        t.refuse_mounted(what)?;
+        Ok(t.store)
+    }
+
     pub fn refuse_mounted(&self, what: &str) -> Result<(), String> {
         match &self.mountpoint {
             Some(mp) => Err(format!(

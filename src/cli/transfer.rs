@@ -52,14 +52,7 @@ pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
 pub(super) fn restore(a: Restore) -> Result<i32, String> {
     let [snapshot, store] = <[_; 2]>::try_from(a.paths)
         .map_err(|_| "restore SNAPSHOT STORE (or restore --from URL STORE)".to_string())?;
-    let store = mount::absolute(&store)?;
-    if let Some(mp) = mount::mountpoint_of_store(&store) {
-        return Err(format!(
-            "{} is mounted at {}; unmount it before restoring",
-            store.display(),
-            mp.display()
-        ));
-    }
+    let store = Target::unmounted(&store, "restoring")?;
     let kept = tools::restore(&snapshot, &store, a.discard_current)?;
     output::restored(&store, kept.as_deref());
     Ok(0)
