@@ -270,10 +270,25 @@ fn reply(answer: Result<Value, String>) -> Value {
     }
 }
 
-/// Binds the socket (replacing a stale one: the caller holds the store, so no live daemon owns
-/// it) and serves it on a background thread.
+/// Binds the socket and serves it on a background thread. A socket that answers belongs to a
+/// live daemon of the same store and is never replaced (`AddrInUse`): read-only mounts share
+/// the store file, so its lock alone does not keep a second daemon out. One that does not
+/// answer is stale and replaced. The look and the bind happen under an exclusive lock on the
+/// store's directory, so two daemons starting at once cannot both find the name free.
 pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
     let path = socket_path(&daemon.store);
+    let dir = std::fs::File::open(crate::private::parent_dir(&daemon.store))?;
+    // SAFETY: flock takes the descriptor of `dir`, open until the end of this function, which
+    // releases the lock by closing it.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            "another redbfs daemon serves this store (its control socket answers)",
+        ));
+    }
     match std::fs::remove_file(&path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

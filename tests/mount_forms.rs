@@ -128,6 +128,19 @@ fn mount_t_fuse_redbfs_with_options_and_umount_by_anyone() {
     assert!(out.status.success());
 }
 
+/// The store's bytes and modification time, to show nothing wrote to it.
+fn file_state(p: &Path) -> (Vec<u8>, std::time::SystemTime) {
+    let m = std::fs::metadata(p).unwrap();
+    (std::fs::read(p).unwrap(), m.modified().unwrap())
+}
+
+/// The daemon's pid, from `redbfs status`.
+fn daemon_pid(mountpoint: &Path) -> i32 {
+    status(mountpoint)["pid"]
+        .as_i64()
+        .expect("status names the daemon's pid") as i32
+}
+
 #[test]
 fn a_read_only_mount_refuses_every_change_and_still_browses() {
     if !fuse_available() {
@@ -137,12 +150,13 @@ fn a_read_only_mount_refuses_every_change_and_still_browses() {
     std::fs::create_dir(m.path("memories")).unwrap();
     std::fs::write(m.path("memories/notes.md"), "remember this").unwrap();
     m.unmount();
-    let history = |store: &Path| {
-        let out = redbfs(&["log", store.to_str().unwrap(), "--json"]);
-        assert!(out.status.success());
-        out.stdout
-    };
-    let before = history(&m.store);
+    // A store its owner may only read (as a snapshot often is) mounts read-only.
+    std::fs::set_permissions(
+        &m.store,
+        std::os::unix::fs::PermissionsExt::from_mode(0o400),
+    )
+    .unwrap();
+    let before = file_state(&m.store);
     m.mount_with(&["--read-only"]);
     let mut ro = m;
     let p = |rel: &str| ro.path(rel);
@@ -187,15 +201,19 @@ fn a_read_only_mount_refuses_every_change_and_still_browses() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("/memories/notes.md"));
     // A history change through the daemon is refused too.
     let out = redbfs(&["mark", ro.mountpoint.to_str().unwrap(), "x"]);
     assert!(!out.status.success());
-    ro.unmount();
-    // Nothing was committed: the history is as it was (redb itself still rewrites its
-    // header when it opens and closes the file).
     assert!(
-        history(&ro.store) == before,
-        "a read-only mount committed something"
+        !ro.store.with_extension("redb.wal").exists(),
+        "a read-only mount started a write-ahead log"
+    );
+    ro.unmount();
+    // The file was opened read-only: not a byte of it changed, nor its modification time.
+    assert!(
+        file_state(&ro.store) == before,
+        "a read-only mount wrote to the store file"
     );
 }
 
@@ -204,22 +222,111 @@ fn a_second_mount_of_a_mounted_store_is_refused_with_the_reason() {
     if !fuse_available() {
         return;
     }
-    let m = TestMount::new();
-    let other = m.dir.path().join("second");
+    let mut m = TestMount::new();
+    std::fs::write(m.path("a.md"), "a").unwrap();
+    let (base, store) = (m.dir.path().to_path_buf(), m.store.clone());
+    let mount_at = |name: &str, args: &[&str]| {
+        let other = base.join(name);
+        let mut argv = vec![
+            "mount",
+            other.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ];
+        argv.extend_from_slice(args);
+        let out = redbfs(&argv);
+        assert!(
+            !out.status.success(),
+            "a second daemon mounted a mounted store ({args:?})"
+        );
+        assert!(!other.exists(), "the refused mount left its mountpoint");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Beside a read-write daemon: redb gives it the file to itself.
+    let err = mount_at("second", &["--read-only"]);
+    assert!(
+        err.contains("already opened") && err.contains("read-only"),
+        "{err}"
+    );
+    m.unmount();
+    // Beside a read-only daemon: redb would share the file with another reader, but one
+    // daemon serves a store (its control socket), and a writer is kept out by redb.
+    m.mount_with(&["--read-only"]);
+    let err = mount_at("third", &["--read-only"]);
+    assert!(
+        err.contains("already mounted at") && err.contains(m.mountpoint.to_str().unwrap()),
+        "{err}"
+    );
+    let err = mount_at("fourth", &[]);
+    assert!(err.contains("already opened"), "{err}");
+    assert_eq!(std::fs::read_to_string(m.path("a.md")).unwrap(), "a");
+}
+
+#[test]
+fn a_read_only_mount_of_a_store_that_needs_writing_is_refused_and_leaves_it_alone() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A store that does not exist is not created.
+    let missing = dir.path().join("missing.redb");
+    let mp = dir.path().join("mp");
     let out = redbfs(&[
         "mount",
-        other.to_str().unwrap(),
+        mp.to_str().unwrap(),
+        "--store",
+        missing.to_str().unwrap(),
+        "--read-only",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no such store"), "{err}");
+    assert!(!missing.exists() && !mp.exists());
+
+    // A daemon killed with commits only in its write-ahead log.
+    let mut m = TestMount::new();
+    std::fs::write(m.path("kept.md"), "in the log only").unwrap();
+    let pid = daemon_pid(&m.mountpoint);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let gone = std::time::Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(gone.elapsed().as_secs() < 30, "the daemon did not die");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = nix::mount::umount2(&m.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+    let wal = m.store.with_extension("redb.wal");
+    assert!(wal.exists(), "the killed daemon left no log");
+    let before = (file_state(&m.store), file_state(&wal));
+    let out = redbfs(&[
+        "mount",
+        mp.to_str().unwrap(),
         "--store",
         m.store.to_str().unwrap(),
         "--read-only",
     ]);
-    assert!(
-        !out.status.success(),
-        "a second daemon opened a mounted store"
-    );
+    assert!(!out.status.success(), "a read-only mount recovered a store");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("already opened") && err.contains("read-only"),
+        err.contains("not closed cleanly") && err.contains("mount it read-write once"),
         "{err}"
+    );
+    assert!(
+        (file_state(&m.store), file_state(&wal)) == before,
+        "the refused read-only mount wrote to the store or its log"
+    );
+    // The tools read a recovered private copy; a read-write mount recovers it in place.
+    let out = redbfs(&["cat", m.store.to_str().unwrap(), "kept.md"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "in the log only");
+    m.mount_after_crash();
+    m.remount();
+    m.unmount();
+    m.mount_with(&["--read-only"]);
+    assert_eq!(
+        std::fs::read_to_string(m.path("kept.md")).unwrap(),
+        "in the log only"
     );
 }

@@ -91,6 +91,8 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::Poisoned => libc::EIO,
             Error::Store(StoreError::Full | StoreError::NoRoom) => libc::ENOSPC,
+            // A change that reached a store opened read-only (every path checks first).
+            Error::Store(StoreError::ReadOnly) => libc::EROFS,
             Error::Store(_) => libc::EIO,
         }
     }
@@ -188,6 +190,7 @@ mod tests {
         assert_eq!(Error::QuotaExceeded { limit: 1 }.errno(), libc::ENOSPC);
         assert_eq!(Error::Poisoned.errno(), libc::EIO);
         assert_eq!(Error::ReadOnly.errno(), libc::EROFS);
+        assert_eq!(Error::Store(StoreError::ReadOnly).errno(), libc::EROFS);
         assert_eq!(Error::Store(StoreError::Full).errno(), libc::ENOSPC);
         assert_eq!(Error::Invalid("x").errno(), libc::EINVAL);
         assert_eq!(Error::LostUpdate { maker: 1 }.errno(), libc::EAGAIN);

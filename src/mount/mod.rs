@@ -158,6 +158,29 @@ fn open_store(
     read_only: bool,
     created: &mut Created,
 ) -> Result<(Store, Limits), String> {
+    let already_open = |e: StoreError| match e {
+        StoreError::AlreadyOpen(_) => match mountpoint_of_store(store_path) {
+            Some(mp) => format!(
+                "store {} is already opened by another redbfs daemon, mounted at {} (redb gives \
+                 a read-write daemon the file to itself, and a read-only one shares it only \
+                 with other readers: browse the mounted one, or `redbfs snapshot` it and mount \
+                 the snapshot)",
+                store_path.display(),
+                mp.display()
+            ),
+            None => format!(
+                "store {} is already opened by another process",
+                store_path.display()
+            ),
+        },
+        other => other.to_string(),
+    };
+    if read_only {
+        // Opened with redb's read-only handle: nothing is created, recovered or migrated.
+        let store = Store::open_read_only(store_path).map_err(already_open)?;
+        let limits = overrides.apply(Limits::stored(&store));
+        return Ok((store, limits));
+    }
     if let Some(parent) = store_path.parent() {
         created
             .create_dir_all(parent)
@@ -168,36 +191,19 @@ fn open_store(
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     );
-    let store = Store::open_or_create(store_path, owner).map_err(|e| match e {
-        StoreError::AlreadyOpen(_) => match mountpoint_of_store(store_path) {
-            Some(mp) => format!(
-                "store {} is already opened by another redbfs daemon, mounted at {} (a \
-                 read-only mount too needs the store to itself: redb lets one process at a \
-                 time open the file; browse the mounted one, or `redbfs snapshot` it and \
-                 mount the snapshot read-only)",
-                store_path.display(),
-                mp.display()
-            ),
-            None => format!(
-                "store {} is already opened by another process",
-                store_path.display()
-            ),
-        },
-        other => other.to_string(),
-    })?;
+    let store = Store::open_or_create(store_path, owner).map_err(already_open)?;
     if !existed {
         created.record(store_path);
     }
     let stored = Limits::stored(&store);
     let limits = overrides.apply(stored.clone());
-    // A read-only mount writes nothing, not even the limits it was given.
     let recorded = store
         .read()
         .and_then(|r| r.meta_bytes(crate::store::schema::META_LIMITS))
         .ok()
         .flatten()
         .is_some();
-    if !read_only && (limits != stored || !recorded) {
+    if limits != stored || !recorded {
         let json = serde_json::to_vec(&limits).map_err(|e| e.to_string())?;
         let w = store.write().map_err(|e| e.to_string())?;
         w.put_meta(crate::store::schema::META_LIMITS, &json)
@@ -353,7 +359,18 @@ fn run_daemon_inner(
         store_path.clone(),
         Box::new(move || kernel_unmount(&unmount_mp)),
     ));
-    let socket = control::listen(daemon.clone()).map_err(|e| format!("control socket: {e}"))?;
+    let socket = control::listen(daemon.clone()).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => match mountpoint_of_store(&store_path) {
+            Some(at) => format!(
+                "store {} is already mounted at {} (one daemon serves a store; browse that \
+                 mount)",
+                store_path.display(),
+                at.display()
+            ),
+            None => format!("store {}: {e}", store_path.display()),
+        },
+        _ => format!("control socket: {e}"),
+    })?;
     created.record(&socket);
     // From here the control thread holds the filesystem: a failure gives it back, so the store
     // closes (and its write-ahead log goes) before what this attempt created is removed.
@@ -436,8 +453,10 @@ fn open_fs(
     let (store, limits) = open_store(store_path, &req.limits, req.read_only, created)?;
     crate::replica::config::remember(&store, &req.replica, req.read_only)?;
     // The session's write-ahead log (the first commit made it): closing the store removes it,
-    // and so does a failed attempt.
-    created.record(&crate::store::wal::path_of(store_path));
+    // and so does a failed attempt. A read-only mount has none.
+    if !req.read_only {
+        created.record(&crate::store::wal::path_of(store_path));
+    }
     let recorded = store
         .read()
         .and_then(|r| r.meta_u64("keep_history"))

@@ -71,6 +71,11 @@ pub enum StoreError {
     Refused(String),
     /// A content chunk read from the store does not match its checksum.
     Checksum { ino: u64, idx: u64, blob: u64 },
+    /// A change asked of a store opened read-only; nothing was written.
+    ReadOnly,
+    /// The store must be written before it can be read as it is (recovered after a crash,
+    /// or migrated), which a read-only open never does.
+    NeedsWriting { path: PathBuf, why: &'static str },
 }
 
 impl std::fmt::Display for StoreError {
@@ -95,6 +100,13 @@ impl std::fmt::Display for StoreError {
             StoreError::NoRoom => write!(f, "no space left on the disk that holds the store"),
             StoreError::Io(m) => write!(f, "store I/O error: {m}"),
             StoreError::Refused(m) => write!(f, "{m}"),
+            StoreError::ReadOnly => write!(f, "the store is open read-only; nothing was written"),
+            StoreError::NeedsWriting { path, why } => write!(
+                f,
+                "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
+                 which reads a recovered private copy) before opening it read-only",
+                path.display()
+            ),
             StoreError::Checksum { ino, idx, blob } => write!(
                 f,
                 "chunk {idx} of inode {ino} (blob {blob}) does not match its checksum: the store file is damaged; run `redbfs check` on it and restore from a snapshot"
@@ -142,9 +154,17 @@ pub struct Usage {
 /// content is also cached by the kernel's page cache above the mount.
 const CACHE_BYTES: usize = 32 * 1024 * 1024;
 
+/// The redb database under a `Store`.
+enum Engine {
+    Writable(Database),
+    /// Opened with redb's read-only handle (a read-only mount): the file is never written,
+    /// and `write` refuses with `StoreError::ReadOnly`.
+    ReadOnly(redb::ReadOnlyDatabase),
+}
+
 /// An open store file.
 pub struct Store {
-    db: Database,
+    db: Engine,
     /// Armed by the I/O-error tests (`REDBFS_FAULT_INJECTION=1`); None otherwise.
     faults: Option<std::sync::Arc<fault::FaultPlan>>,
     /// The host's filesystem, or (power-cut tests only) a simulated disk.
@@ -181,12 +201,34 @@ impl Store {
 
     /// Rewrites the file to release free space (the store must not be in use).
     pub fn compact(&mut self) -> Result<bool, StoreError> {
-        self.db.compact().map_err(|e| StoreError::Io(e.to_string()))
+        self.writable_db_mut()?
+            .compact()
+            .map_err(|e| StoreError::Io(e.to_string()))
     }
 
-    /// Runs redb's own integrity check (page checksums and tree structure).
+    /// Runs redb's own integrity check (page checksums and tree structure), which may repair
+    /// what it checks: not on a store opened read-only.
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
-        self.db.check_integrity().map_err(map_err)
+        self.writable_db_mut()?.check_integrity().map_err(map_err)
+    }
+
+    /// Whether the store was opened read-only (`Store::open_read_only`).
+    pub fn is_read_only(&self) -> bool {
+        matches!(self.db, Engine::ReadOnly(_))
+    }
+
+    fn writable_db(&self) -> Result<&Database, StoreError> {
+        match &self.db {
+            Engine::Writable(db) => Ok(db),
+            Engine::ReadOnly(_) => Err(StoreError::ReadOnly),
+        }
+    }
+
+    fn writable_db_mut(&mut self) -> Result<&mut Database, StoreError> {
+        match &mut self.db {
+            Engine::Writable(db) => Ok(db),
+            Engine::ReadOnly(_) => Err(StoreError::ReadOnly),
+        }
     }
 }
 

@@ -13,7 +13,9 @@ use redb::{Database, ReadableTable};
 
 use super::redo::replay;
 use super::schema::*;
-use super::{CACHE_BYTES, Store, StoreError, Sync, disk, fault, map_err, now_ns, schema, sim, wal};
+use super::{
+    CACHE_BYTES, Engine, Store, StoreError, Sync, disk, fault, map_err, now_ns, schema, sim, wal,
+};
 
 impl Store {
     /// Opens the store at `path`, creating it (with an empty root directory owned by
@@ -46,7 +48,21 @@ impl Store {
                 "the store was not closed cleanly (a crash or a kill): redb verified it and rolled back to its last durable commit"
             );
         }
-        let store = Store {
+        let store = Store::over(Engine::Writable(db), faults, disk, path);
+        // Before anything commits: the first commit starts a new log.
+        store.recover()?;
+        store.init_or_verify(root_owner)?;
+        Ok(store)
+    }
+
+    /// A store over an opened database, before recovery and the format check.
+    pub(super) fn over(
+        db: Engine,
+        faults: Option<std::sync::Arc<fault::FaultPlan>>,
+        disk: disk::Disk,
+        path: &Path,
+    ) -> Store {
+        Store {
             db,
             faults,
             disk,
@@ -58,11 +74,7 @@ impl Store {
             comms: Mutex::new(HashMap::new()),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
-        };
-        // Before anything commits: the first commit starts a new log.
-        store.recover()?;
-        store.init_or_verify(root_owner)?;
-        Ok(store)
+        }
     }
 
     /// Opens the redb database at `path`: on the simulated disk, through the backend that
@@ -255,7 +267,7 @@ impl Store {
             )));
         }
         if let Some((upto, _)) = todo.last() {
-            let mut tx = self.db.begin_write().map_err(map_err)?;
+            let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
             for (_, payload) in &todo {
                 replay(&tx, payload)?;
             }

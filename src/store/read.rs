@@ -7,7 +7,7 @@
 use redb::{ReadableDatabase, ReadableTable};
 
 use super::schema::*;
-use super::{Store, StoreError, Usage, corrupt, map_err};
+use super::{Engine, Store, StoreError, Usage, corrupt, map_err};
 
 // Reads shared by read and write transactions, over whichever table handle they hold.
 
@@ -100,8 +100,12 @@ pub struct ReadTxn {
 impl Store {
     /// Begins a read transaction: a consistent snapshot that never waits for a writer.
     pub fn read(&self) -> Result<ReadTxn, StoreError> {
+        let tx = match &self.db {
+            Engine::Writable(db) => db.begin_read(),
+            Engine::ReadOnly(db) => db.begin_read(),
+        };
         Ok(ReadTxn {
-            tx: self.db.begin_read().map_err(map_err)?,
+            tx: tx.map_err(map_err)?,
         })
     }
 }

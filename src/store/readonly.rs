@@ -1,15 +1,18 @@
-//! Opening a store only to read it, and telling a store file from any other file.
+//! Opening a store only to read it (a read-only mount, the tools), and telling a store file
+//! from any other file.
 //!
-//! Invariant kept here: nothing is ever written to the store read or beside it: a store that
-//! needs recovery is read from a private copy in a temporary directory.
+//! Invariant kept here: nothing is ever written to the store read or beside it: the file is
+//! opened with redb's read-only handle, and a store that must be written first (recovered or
+//! migrated) is refused, or (the tools) read from a private copy in a temporary directory.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
-use redb::{Database, ReadableDatabase};
+use redb::Database;
 
 use super::read::ReadTxn;
 use super::schema::*;
-use super::{CACHE_BYTES, Store, StoreError, map_err, wal};
+use super::{CACHE_BYTES, Engine, Store, StoreError, disk, map_err, wal};
 
 /// Whether the file at `path` is a store (redb's magic number) or a write-ahead log (a record
 /// magic at its start): what no tool may write over.
@@ -23,27 +26,13 @@ pub fn is_store_file(path: &Path) -> bool {
     }
 }
 
-/// A store opened only to read it: nothing is ever written to its file or beside it. The file
-/// is opened read-only (redb's `ReadOnlyDatabase`), so a store or snapshot without write
-/// permission opens; a store that needs recovery (a write-ahead log beside it, or a file not
-/// closed cleanly) is read from a private copy of both in a temporary directory instead.
-pub struct ReadOnlyStore {
-    db: ReadOnlySource,
-    path: PathBuf,
-}
-
-enum ReadOnlySource {
-    File(redb::ReadOnlyDatabase),
-    /// A recovered copy, and the private directory that holds it (removed on drop).
-    Copy {
-        store: Box<Store>,
-        _dir: tempfile::TempDir,
-    },
-}
-
-impl ReadOnlyStore {
-    /// Opens the store at `path` without writing a byte to it or its log.
-    pub fn open(path: &Path) -> Result<ReadOnlyStore, StoreError> {
+impl Store {
+    /// Opens the store at `path` with redb's read-only handle: not a byte is written to the
+    /// file or beside it, so a store without write permission opens too, and `write` refuses
+    /// with `StoreError::ReadOnly`. Refused with `NeedsWriting` when the store must first be
+    /// written: recovered (a write-ahead log beside it, or a file not closed cleanly) or
+    /// migrated to this format. Refused with `AlreadyOpen` while a read-write process holds it.
+    pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
         let file = crate::private::open_read(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 StoreError::Io(format!("{}: no such store", path.display()))
@@ -51,57 +40,88 @@ impl ReadOnlyStore {
                 StoreError::Io(crate::private::describe(path, e))
             }
         })?;
-        let log = wal::path_of(path);
-        let db = if std::fs::symlink_metadata(&log).is_ok() {
-            None
-        } else {
-            let mut builder = Database::builder();
-            builder.set_cache_size(CACHE_BYTES);
-            let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
-            match builder.open_read_only_with_backend(backend) {
-                Ok(db) => Some(db),
-                Err(redb::DatabaseError::RepairAborted) => None,
-                Err(e) => {
-                    return Err(match map_err(e) {
-                        StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
-                        other => other,
-                    });
-                }
-            }
-        };
-        let db = match db {
-            Some(db) => ReadOnlySource::File(db),
-            None => {
-                let (copy, dir) = Store::private_copy(path)?;
-                ReadOnlySource::Copy {
-                    store: Box::new(copy),
-                    _dir: dir,
-                }
-            }
-        };
-        let store = ReadOnlyStore {
-            db,
+        let needs = |why| StoreError::NeedsWriting {
             path: path.to_path_buf(),
+            why,
         };
-        match store.read()?.meta_u64(META_FORMAT)? {
-            Some(v) if v == FORMAT_VERSION as u64 => Ok(store),
-            Some(v) => Err(StoreError::UnknownFormat {
-                path: path.to_path_buf(),
-                found: v as u32,
-            }),
-            None => Err(StoreError::Corrupt(format!(
-                "{}: no store format version recorded",
-                path.display()
-            ))),
+        let mut builder = Database::builder();
+        builder.set_cache_size(CACHE_BYTES);
+        let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
+        let db = builder
+            .open_read_only_with_backend(backend)
+            .map_err(|e| match e {
+                redb::DatabaseError::RepairAborted => needs(NOT_CLOSED),
+                e => match map_err(e) {
+                    StoreError::AlreadyOpen(_) => StoreError::AlreadyOpen(path.to_path_buf()),
+                    other => other,
+                },
+            })?;
+        // Checked with the file held: a daemon that had it open has closed it, so a log
+        // beside it now is a crashed session's, with commits the file does not hold yet.
+        if std::fs::symlink_metadata(wal::path_of(path)).is_ok() {
+            return Err(needs(NOT_CLOSED));
         }
+        let store = Store::over(Engine::ReadOnly(db), None, disk::Disk::Host, path);
+        let r = store.read()?;
+        match r.meta_u64(META_FORMAT)? {
+            Some(v) if v == FORMAT_VERSION as u64 => {}
+            Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
+                return Err(needs("is of store format 2 and must be migrated"));
+            }
+            Some(v) => {
+                return Err(StoreError::UnknownFormat {
+                    path: path.to_path_buf(),
+                    found: v as u32,
+                });
+            }
+            None => {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: no store format version recorded",
+                    path.display()
+                )));
+            }
+        }
+        store.commits.store(r.commit_number()?, Ordering::Release);
+        let keep = r.meta_u64(META_KEEP_HISTORY)?.unwrap_or(0);
+        store.keep_history_ns.store(keep, Ordering::Relaxed);
+        drop(r);
+        Ok(store)
+    }
+}
+
+const NOT_CLOSED: &str = "was not closed cleanly (a crash or a kill) and must be recovered";
+
+/// A store opened only to read it, for the tools: nothing is ever written to its file or
+/// beside it. The file is opened read-only (`Store::open_read_only`); a store that must be
+/// written first (recovered or migrated) is read from a private copy of it and its log in a
+/// temporary directory instead.
+pub struct ReadOnlyStore {
+    store: Store,
+    path: PathBuf,
+    /// The private directory holding the copy `store` is, if it is one (removed on drop).
+    copy: Option<tempfile::TempDir>,
+}
+
+impl ReadOnlyStore {
+    /// Opens the store at `path` without writing a byte to it or its log.
+    pub fn open(path: &Path) -> Result<ReadOnlyStore, StoreError> {
+        let (store, copy) = match Store::open_read_only(path) {
+            Ok(store) => (store, None),
+            Err(StoreError::NeedsWriting { .. }) => {
+                let (store, dir) = Store::private_copy(path)?;
+                (store, Some(dir))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(ReadOnlyStore {
+            store,
+            path: path.to_path_buf(),
+            copy,
+        })
     }
 
     pub fn read(&self) -> Result<ReadTxn, StoreError> {
-        let tx = match &self.db {
-            ReadOnlySource::File(db) => db.begin_read().map_err(map_err)?,
-            ReadOnlySource::Copy { store, .. } => return store.read(),
-        };
-        Ok(ReadTxn { tx })
+        self.store.read()
     }
 
     /// Bytes the store file occupies on disk.
@@ -111,17 +131,12 @@ impl ReadOnlyStore {
 
     /// redb's integrity check (which may repair what it checks), on a private copy.
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
-        if let ReadOnlySource::File(_) = self.db {
-            let (copy, dir) = Store::private_copy(&self.path)?;
-            self.db = ReadOnlySource::Copy {
-                store: Box::new(copy),
-                _dir: dir,
-            };
+        if self.copy.is_none() {
+            let (store, dir) = Store::private_copy(&self.path)?;
+            self.store = store;
+            self.copy = Some(dir);
         }
-        match &mut self.db {
-            ReadOnlySource::Copy { store, .. } => store.check_integrity(),
-            ReadOnlySource::File(_) => unreachable!("replaced by a copy above"),
-        }
+        self.store.check_integrity()
     }
 }
 

@@ -52,7 +52,7 @@ pub struct WriteTxn<'s> {
 impl Store {
     /// Begins a write transaction, waiting for any other writer to finish.
     pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
-        let tx = self.db.begin_write().map_err(|e| {
+        let tx = self.writable_db()?.begin_write().map_err(|e| {
             let e = map_err(e);
             // An I/O error inside an earlier transaction (not only at its commit: redb may
             // write and sync pages while a large one runs) leaves redb refusing every write.
