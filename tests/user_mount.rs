@@ -4,11 +4,15 @@
 //! whole flow as that user: mount, both stock SDKs' scripted sessions, a snapshot, a kill of
 //! the daemon and a remount (fusermount3 clears the stale mount), and unmount.
 //!
-//! fusermount3 opens `/dev/fuse` with the user's own file-system uid, so it needs the mode
-//! distributions give the device (0666, from udev); this machine's is 0600, which no user can
-//! mount through, with redbfs or any other FUSE program. The test sets 0666 for its run and
-//! puts the old mode back. It needs root (to make the user and set the mode) and fusermount3
-//! (`.ci/run` installs fuse3), and fails loudly without either.
+//! fusermount3 opens `/dev/fuse` with the user's own file-system uid (libfuse drops its
+//! privileges for that open on purpose: the device's mode is the administrator's say in who
+//! may mount), so a user needs the access distributions give the device (0666, from udev);
+//! this machine's is 0600, which no user can mount through, with redbfs or any other FUSE
+//! program. The test first checks that the refusal names that cause, then grants the test
+//! user alone read and write on the device with a POSIX ACL (`setfacl -m u:USER:rw`, as an
+//! administrator would) for its run and takes the grant back. It needs root (to make the user
+//! and grant the device), fusermount3 and setfacl (`.ci/run` installs fuse3 and acl), and
+//! fails loudly without them.
 
 mod common;
 
@@ -34,12 +38,29 @@ impl Drop for Unmounted {
     }
 }
 
-/// Puts `/dev/fuse`'s mode back when dropped.
-struct DeviceMode(u32);
+/// Takes the test user's grant on `/dev/fuse` back when dropped.
+struct DeviceGrant;
 
-impl Drop for DeviceMode {
+impl DeviceGrant {
+    fn give() -> DeviceGrant {
+        let out = Command::new("setfacl")
+            .args(["-m", &format!("u:{USER}:rw"), "/dev/fuse"])
+            .output()
+            .expect("run setfacl (package acl; .ci/run installs it)");
+        assert!(
+            out.status.success(),
+            "setfacl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        DeviceGrant
+    }
+}
+
+impl Drop for DeviceGrant {
     fn drop(&mut self) {
-        let _ = std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(self.0));
+        let _ = Command::new("setfacl")
+            .args(["-x", &format!("u:{USER}"), "/dev/fuse"])
+            .output();
     }
 }
 
@@ -143,9 +164,6 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
         "/usr/bin/python3 is missing: the user runs the Python SDK with the system Python 3.11"
     );
     let ids = user_ids();
-    let mode = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
-    let _restore = DeviceMode(mode);
-    std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
 
     let home = tempfile::Builder::new()
         .prefix("redbfs-user-")
@@ -162,6 +180,24 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
     let bin = redbfs_bin();
     let mnt = dir.join("memory-store");
     let _unmounted = Unmounted(mnt.clone());
+    // Without access to the device, the refusal names the cause and leaves nothing behind.
+    let mode = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
+    let can_open = || {
+        let probe = as_user(ids, dir, Path::new("/usr/bin/test"), &["-w", "/dev/fuse"]);
+        probe.status.success()
+    };
+    if !can_open() {
+        let out = as_user(ids, dir, &bin, &["mount", "memory-store"]);
+        assert!(!out.status.success(), "mounted without access to /dev/fuse");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("/dev/fuse") && err.contains("0666"),
+            "the refusal does not name the device's mode ({mode:o}): {err}"
+        );
+        assert!(!mnt.exists(), "the refused mount left its mountpoint");
+    }
+    let _grant = DeviceGrant::give();
+    assert!(can_open(), "the ACL did not grant {USER} the device");
     ok(
         "redbfs mount",
         as_user(ids, dir, &bin, &["mount", "memory-store"]),
