@@ -1,12 +1,14 @@
-//! What a store keeps about its replicas: the URLs and the schedule, in its `meta` table like
-//! the limits, so a plain `redbfs mount` after a restart replicates as before.
+//! What a store keeps about its replicas, in its `meta` table like the limits: the URLs and the
+//! schedule, so a plain `redbfs mount` after a restart replicates as before, and the
+//! generation each URL holds this store's commits in, so a restart can continue it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::schema::META_REPLICAS;
-use crate::store::{Store, Sync};
+use crate::store::schema::{META_REPLICA_GENERATIONS, META_REPLICAS};
+use crate::store::{Store, StoreError, Sync};
 
 const SECOND_NS: u64 = 1_000_000_000;
 
@@ -98,4 +100,53 @@ pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<
         w.commit(Sync::Durable).map_err(|e| e.to_string())?;
     }
     Ok(settings)
+}
+
+/// The generation each replica URL holds this store's commits in (`META_REPLICA_GENERATIONS`).
+fn generations(bytes: Option<Vec<u8>>) -> BTreeMap<String, String> {
+    bytes
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The generation the store at `url` ships to, as the store recorded it.
+pub fn recorded_generation(store: &Store, url: &str) -> Option<String> {
+    let bytes = store
+        .read()
+        .and_then(|r| r.meta_bytes(META_REPLICA_GENERATIONS))
+        .ok()?;
+    generations(bytes).remove(url)
+}
+
+/// Records (or with None forgets) the generation the store ships to at `url`, in a commit of
+/// its own (shipped like any other).
+pub fn record_generation(
+    store: &Store,
+    url: &str,
+    generation: Option<&str>,
+) -> Result<(), StoreError> {
+    let mut w = store.write()?;
+    w.without_history();
+    let mut all = generations(w.meta_bytes(META_REPLICA_GENERATIONS)?);
+    let changed = match generation {
+        Some(g) => all.insert(url.to_string(), g.to_string()).as_deref() != Some(g),
+        None => all.remove(url).is_some(),
+    };
+    if !changed {
+        return Ok(());
+    }
+    let json = serde_json::to_vec(&all).map_err(|e| StoreError::Io(e.to_string()))?;
+    w.put_meta(META_REPLICA_GENERATIONS, &json)?;
+    w.commit(Sync::Deferred)
+}
+
+/// A restored store claims no replica's generation: its first replicated mount starts new
+/// ones, never appending to the chain of the store it was copied from.
+pub fn disown(store: &Store) -> Result<(), StoreError> {
+    let mut w = store.write()?;
+    w.without_history();
+    if w.remove_meta(META_REPLICA_GENERATIONS)? {
+        w.commit(Sync::Durable)?;
+    }
+    Ok(())
 }

@@ -101,14 +101,37 @@ async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String>
     info.last_commit = Some(m.commit);
     info.last_time_ns = Some(m.commit_time_ns);
     let links = chain(&segments, m.commit);
-    if let Some(&(first, last, _)) = links.last() {
+    // The last segment says how far the chain reaches; a segment of checkpoints alone (the
+    // last upload before an unmount) has no commit time, so the time may be further back.
+    for (i, &(first, last, _)) in links.iter().enumerate().rev() {
         let bytes = target.segment(name, first, last).await?;
-        if let Some(records) = decode_segment(m.log_id, &bytes) {
+        let Some(records) = decode_segment(m.log_id, &bytes) else {
+            break;
+        };
+        if i + 1 == links.len() {
             info.last_commit = records.last().map(|r| r.0);
-            info.last_time_ns = records.iter().rev().find_map(|r| record_time(&r.1));
+        }
+        if let Some(t) = records.iter().rev().find_map(|r| record_time(&r.1)) {
+            info.last_time_ns = Some(t);
+            break;
         }
     }
     Ok(info)
+}
+
+/// The last commit generation `m` reaches without a gap, its last segment verified whole;
+/// None when that segment does not verify or ends elsewhere than its name says.
+pub(super) async fn reach(target: &Target, m: &Manifest) -> Result<Option<u64>, String> {
+    let links = chain(&target.segments(&m.generation).await?, m.commit);
+    let Some(&(first, last, _)) = links.last() else {
+        return Ok(Some(m.commit));
+    };
+    let bytes = target.segment(&m.generation, first, last).await?;
+    let records = decode_segment(m.log_id, &bytes).unwrap_or_default();
+    Ok(
+        (records.first().map(|r| r.0) == Some(first) && records.last().map(|r| r.0) == Some(last))
+            .then_some(last),
+    )
 }
 
 /// `restore --from`: rebuilds the store at `point` from the replica at `url` and puts it in

@@ -45,7 +45,10 @@ pub use copy::CopyStats;
 pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
-pub use replica::{Batch, Feed, apply_records, decode_segment, encode_segment, record_time};
+pub use replica::{
+    Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment, encode_segment,
+    record_time,
+};
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::WriteTxn;
 
