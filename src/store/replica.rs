@@ -265,6 +265,32 @@ mod tests {
         assert_eq!(f.take(4, 1 << 20), Batch::Records(vec![(5, got(b"e"))]));
     }
 
+    /// A transaction over the log's record limit still gives the feeds its record (the log
+    /// checkpoints it): one allocation shared by every feed.
+    #[test]
+    fn a_large_transaction_reaches_every_feed_as_one_shared_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        let (feeds, from) = store.attach_feeds(2).unwrap();
+        let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut w = store.write().unwrap();
+        let chunk = crate::store::CHUNK_SIZE as usize;
+        w.put_chunks(
+            7,
+            data.chunks(chunk).enumerate().map(|(i, c)| (i as u64, c)),
+        )
+        .unwrap();
+        w.commit(super::super::Sync::Durable).unwrap();
+        let take = |f: &Feed| match f.take(from, usize::MAX) {
+            Batch::Records(r) => r,
+            Batch::Broken => panic!("the chain broke"),
+        };
+        let (a, b) = (take(&feeds[0]), take(&feeds[1]));
+        assert_eq!(a.len(), 1);
+        assert!(a[0].1.len() > wal::MAX_RECORD, "{}", a[0].1.len());
+        assert!(Arc::ptr_eq(&a[0].1, &b[0].1), "one record for both feeds");
+    }
+
     #[test]
     fn a_segment_decodes_only_whole() {
         let recs = vec![(7, b"seven".to_vec()), (8, vec![1u8; 1000])];
