@@ -398,7 +398,7 @@ fn run_daemon_inner(
                 tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
             }
             daemon.set_replication(None);
-            if let Some(r) = replication.and_then(|r| Arc::try_unwrap(r).ok()) {
+            if let Some(r) = replication {
                 r.stop();
             }
             served

@@ -75,7 +75,8 @@ impl Stop {
 pub struct Replication {
     fs: Arc<Fs>,
     stop: Arc<Stop>,
-    threads: Vec<JoinHandle<()>>,
+    /// Taken by `stop`.
+    threads: Mutex<Vec<JoinHandle<()>>>,
     lags: Vec<(Arc<Mutex<Lag>>, Arc<Feed>)>,
 }
 
@@ -102,7 +103,7 @@ impl Replication {
         let mut r = Replication {
             fs: fs.clone(),
             stop: stop.clone(),
-            threads: Vec::new(),
+            threads: Mutex::new(Vec::new()),
             lags: Vec::new(),
         };
         for (i, (target, feed)) in targets.into_iter().zip(feeds).enumerate() {
@@ -128,15 +129,19 @@ impl Replication {
                 .name(format!("replica-{i}"))
                 .spawn(move || shipper.run(&stop))
                 .map_err(|e| format!("starting the replica thread: {e}"))?;
-            r.threads.push(t);
+            r.threads
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(t);
         }
         Ok(Some(r))
     }
 
-    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops. A
-    /// checkpoint first, so closing the store adds no commit the replicas never see and the
-    /// next mount can continue their generations.
-    pub fn stop(self) {
+    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops; returns
+    /// once every shipping thread has ended. A checkpoint first, so closing the store adds no
+    /// commit the replicas never see and the next mount can continue their generations. Takes
+    /// `&self`: a status request still holding the replication cannot keep it from shipping.
+    pub fn stop(&self) {
         if !self.fs.store().is_failed()
             && let Err(e) = self.fs.store().checkpoint()
         {
@@ -144,7 +149,8 @@ impl Replication {
         }
         *self.stop.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.stop.wake.notify_all();
-        for t in self.threads {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
             let _ = t.join();
         }
     }

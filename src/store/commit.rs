@@ -268,6 +268,8 @@ impl WriteTxn<'_> {
                 return Err(e);
             }
             pending.checkpointed(seq);
+            // The replicas' feeds outside the log's lock, which every committer waits for.
+            drop(pending);
             store.tap(seq, redo);
             gap.armed = false;
             return Ok(seq);
@@ -284,8 +286,8 @@ impl WriteTxn<'_> {
             wal.fail();
             return Err(e);
         }
-        store.tap(seq, redo);
         drop(pending);
+        store.tap(seq, redo);
         store.injected_panic(fault::PanicAt::Committed);
         if sync == Sync::Durable {
             wal.sync_to(seq)?;

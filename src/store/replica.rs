@@ -72,7 +72,8 @@ impl Feed {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, seq: u64, record: Option<Record>) {
+    /// Takes commit `seq`'s record (None: it has none), handed over at `now` (ns).
+    fn push(&self, seq: u64, record: Option<Record>, now: i64) {
         let mut s = self.lock();
         if s.broken {
             return;
@@ -87,7 +88,7 @@ impl Feed {
             return;
         }
         s.bytes += len;
-        s.records.insert(seq, (now_ns(), record));
+        s.records.insert(seq, (now, record));
     }
 
     /// Forgets every record up to `upto` (shipped, or held by a snapshot).
@@ -175,9 +176,9 @@ impl Store {
     /// Hands commit `seq`'s record to every feed (None: the commit has no record).
     pub(super) fn tap(&self, seq: u64, record: Option<Vec<u8>>) {
         if let Some(feeds) = self.feeds.get() {
-            let record = record.map(Arc::new);
+            let (record, now) = (record.map(Arc::new), now_ns());
             for f in feeds {
-                f.push(seq, record.clone());
+                f.push(seq, record.clone(), now);
             }
         }
     }
@@ -249,9 +250,9 @@ mod tests {
         let f = Feed::default();
         let r = |b: &[u8]| Some(Arc::new(b.to_vec()));
         let got = |b: &[u8]| Arc::new(b.to_vec());
-        f.push(3, r(b"c"));
-        f.push(2, r(b"b"));
-        f.push(5, r(b"e"));
+        f.push(3, r(b"c"), 0);
+        f.push(2, r(b"b"), 0);
+        f.push(5, r(b"e"), 0);
         assert_eq!(
             f.take(1, 1 << 20),
             Batch::Records(vec![(2, got(b"b")), (3, got(b"c"))])
@@ -259,7 +260,7 @@ mod tests {
         assert_eq!(f.take(1, 1), Batch::Records(vec![(2, got(b"b"))]));
         f.release(3);
         assert_eq!(f.take(3, 1 << 20), Batch::Records(vec![]), "4 is missing");
-        f.push(4, None);
+        f.push(4, None, 0);
         assert_eq!(f.take(3, 1 << 20), Batch::Broken);
         f.restart(4);
         assert_eq!(f.take(4, 1 << 20), Batch::Records(vec![(5, got(b"e"))]));
