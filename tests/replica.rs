@@ -148,17 +148,25 @@ impl Mounted {
         }
     }
 
-    /// The machine is lost: the daemon killed, the store and its log deleted.
-    fn lose(&mut self) {
+    /// The daemon SIGKILLed (the store and its log stay), the mount detached.
+    fn kill(&mut self) {
         let pid = self.status()["pid"].as_u64().unwrap();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        let until = Instant::now() + Duration::from_secs(60);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
         self.mounted = false;
+    }
+
+    /// The machine is lost: the daemon killed, the store and its log deleted.
+    fn lose(&mut self) {
+        self.kill();
         for p in [
             self.store.clone(),
             PathBuf::from(format!("{}.wal", self.store.display())),
@@ -371,6 +379,30 @@ fn a_restart_continues_the_generation() {
     assert_eq!(gens[0]["generation"], first[0]["generation"]);
     assert_eq!(m.restore(&url, None), states.last().unwrap().1);
     let (commit, want) = &states[5];
+    assert_eq!(&m.restore(&url, Some(&commit.to_string())), want);
+}
+
+/// A daemon killed and mounted again: the store recovers from its log, and whether the
+/// mount continues the generation (the replica had every commit the store kept) or starts a
+/// new one, the replica restores the last tree and every commit before the kill.
+#[test]
+fn a_crash_and_remount_keep_the_replica_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    session(&m, 0, 10, &mut states);
+    m.caught_up();
+    m.kill();
+    m.mount(&[]);
+    session(&m, 10, 10, &mut states);
+    m.unmount();
+    assert_eq!(m.restore(&url, None), states.last().unwrap().1);
+    let (commit, want) = &states[4];
     assert_eq!(&m.restore(&url, Some(&commit.to_string())), want);
 }
 
