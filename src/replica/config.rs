@@ -82,7 +82,10 @@ impl ReplicaOverrides {
 
 /// The replica settings of a mount: what the store keeps with `o` applied, every URL checked
 /// (its form; nothing is contacted), and recorded in the store when they changed (never by a
-/// read-only mount).
+/// read-only mount). Called right after the store opens: the replicas' feeds start here,
+/// before the session's first commit, so a mount can tell whether the store is still where
+/// a replica's generation ends (a commit made at mount, such as this one or a reclaim after a
+/// crash, then reaches the replica like any other).
 pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<Settings, String> {
     let stored = Settings::stored(store);
     let settings = o.apply(stored.clone());
@@ -91,6 +94,12 @@ pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<
     }
     if settings.interval_ns == 0 {
         return Err("--replica-interval must be more than 0".into());
+    }
+    if !read_only
+        && !settings.urls.is_empty()
+        && let Err(e) = store.attach_feeds(settings.urls.len())
+    {
+        tracing::warn!(error = %e, "cannot start the replicas' feeds yet");
     }
     if !read_only && settings != stored {
         let json = serde_json::to_vec(&settings).map_err(|e| e.to_string())?;

@@ -95,10 +95,14 @@ impl Replication {
             .iter()
             .map(|u| Target::open(u))
             .collect::<Result<_, _>>()?;
+        // Attached when the store opened (`config::remember`), so `from` is where it was then.
         let (feeds, from) = fs
             .store()
             .attach_feeds(targets.len())
             .map_err(|e| format!("starting the replicas' feeds: {e}"))?;
+        if feeds.len() != targets.len() {
+            return Err("the replicas changed since the store opened".into());
+        }
         let stop = Arc::new(Stop::default());
         let mut r = Replication {
             fs: fs.clone(),

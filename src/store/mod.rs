@@ -167,9 +167,9 @@ pub struct Store {
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
-    /// The replicas' queues of committed records (see `replica`); set once, when the daemon
-    /// starts replicating.
-    feeds: OnceLock<Vec<std::sync::Arc<replica::Feed>>>,
+    /// The replicas' queues of committed records (see `replica`) and the commit they start
+    /// after; set once, when a replicated mount opens the store.
+    feeds: OnceLock<(Vec<std::sync::Arc<replica::Feed>>, u64)>,
 }
 
 impl Store {

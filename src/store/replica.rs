@@ -152,21 +152,26 @@ impl Feed {
 }
 
 impl Store {
-    /// Starts `n` feeds, and the commit number they start after: every commit numbered
-    /// after it is handed to each. Only once per store.
+    /// Starts `n` feeds, and says the commit number they start after: every commit numbered
+    /// after it is handed to each. The first call attaches them (best before the session's
+    /// first commit, so `from` is where the store was when it opened); a later one returns
+    /// the same feeds.
     pub fn attach_feeds(&self, n: usize) -> Result<(Vec<Arc<Feed>>, u64), StoreError> {
-        let feeds: Vec<Arc<Feed>> = (0..n).map(|_| Arc::new(Feed::default())).collect();
-        // Under the write lock: a commit numbered after `from` begins after the feeds are set.
-        let w = self.write()?;
-        let _ = self.feeds.set(feeds);
-        let from = self.commits.load(Ordering::Acquire);
-        drop(w);
-        Ok((self.feeds.get().cloned().unwrap_or_default(), from))
+        if self.feeds.get().is_none() {
+            let feeds: Vec<Arc<Feed>> = (0..n).map(|_| Arc::new(Feed::default())).collect();
+            // Under the write lock: a commit numbered after `from` begins after the feeds are
+            // set.
+            let w = self.write()?;
+            let from = self.commits.load(Ordering::Acquire);
+            let _ = self.feeds.set((feeds, from));
+            drop(w);
+        }
+        Ok(self.feeds.get().cloned().unwrap_or_default())
     }
 
     /// How large a transaction's record may grow (see `MAX_SHIPPED_RECORD`).
     pub(super) fn record_limit(&self) -> usize {
-        if self.feeds.get().is_some_and(|f| !f.is_empty()) {
+        if self.feeds.get().is_some_and(|f| !f.0.is_empty()) {
             MAX_SHIPPED_RECORD
         } else {
             wal::MAX_RECORD
@@ -175,7 +180,7 @@ impl Store {
 
     /// Hands commit `seq`'s record to every feed (None: the commit has no record).
     pub(super) fn tap(&self, seq: u64, record: Option<Vec<u8>>) {
-        if let Some(feeds) = self.feeds.get() {
+        if let Some((feeds, _)) = self.feeds.get() {
             let (record, now) = (record.map(Arc::new), now_ns());
             for f in feeds {
                 f.push(seq, record.clone(), now);
