@@ -29,6 +29,20 @@ impl Redo {
         }
     }
 
+    /// About to add `bytes` more: room for them at once, or the redo given up now when they
+    /// would take it past the limit, so a transaction bound to be too large (a big file's
+    /// content) copies nothing into it first.
+    pub(super) fn expect(&self, bytes: usize) {
+        let mut slot = self.buf.borrow_mut();
+        if let Some(r) = slot.as_mut() {
+            if r.len() + bytes > self.limit {
+                *slot = None;
+            } else {
+                r.reserve(bytes);
+            }
+        }
+    }
+
     /// The record, or None when the transaction outgrew the limit.
     pub(super) fn take(&self) -> Option<Vec<u8>> {
         self.buf.take()
@@ -116,6 +130,11 @@ pub(super) fn commit_time(payload: &[u8]) -> Option<i64> {
 
 const REDO_PUT: u8 = 1;
 const REDO_DEL: u8 = 2;
+
+/// Bytes an entry putting a `value_len`-byte value under a u64 key of `table` takes.
+pub(super) fn put_entry_len(table: &str, value_len: usize) -> usize {
+    2 + table.len() + 4 + 8 + 4 + value_len
+}
 
 /// Puts or removes one key of table `def`, as a log record says.
 fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
