@@ -95,12 +95,12 @@ impl Replication {
             .iter()
             .map(|u| Target::open(u))
             .collect::<Result<_, _>>()?;
-        // Attached when the store opened (`config::remember`), so `from` is where it was then.
-        let (feeds, from) = fs
+        // Attached when the store opened (`config::remember`), so `at` is where it was then.
+        let at = fs
             .store()
             .attach_feeds(targets.len())
             .map_err(|e| format!("starting the replicas' feeds: {e}"))?;
-        if feeds.len() != targets.len() {
+        if at.feeds.len() != targets.len() {
             return Err("the replicas changed since the store opened".into());
         }
         let stop = Arc::new(Stop::default());
@@ -110,7 +110,7 @@ impl Replication {
             threads: Mutex::new(Vec::new()),
             lags: Vec::new(),
         };
-        for (i, (target, feed)) in targets.into_iter().zip(feeds).enumerate() {
+        for (i, (target, feed)) in targets.into_iter().zip(at.feeds.clone()).enumerate() {
             let lag = Arc::new(Mutex::new(Lag {
                 url: target.url.clone(),
                 ..Lag::default()
@@ -120,7 +120,7 @@ impl Replication {
                 fs: fs.clone(),
                 target,
                 feed,
-                from,
+                from: (at.from, at.from_time),
                 settings: settings.clone(),
                 lag,
                 generation: None,
@@ -211,8 +211,9 @@ struct Shipper {
     fs: Arc<Fs>,
     target: Target,
     feed: Arc<Feed>,
-    /// The feed holds every commit after this one.
-    from: u64,
+    /// The feed holds every commit after this one; the second, when the last commit that
+    /// records its time committed then (see `Attached`).
+    from: (u64, i64),
     settings: Settings,
     lag: Arc<Mutex<Lag>>,
     generation: Option<Generation>,
@@ -324,8 +325,10 @@ impl Shipper {
         }
     }
 
-    /// The generation `name` to continue, if it is the newest restorable one and reaches
-    /// exactly `self.from`.
+    /// The generation `name` to continue, if it is the newest restorable one and ends
+    /// exactly where the store was when its feed started: the same last commit, made at the
+    /// same time (a number alone may have been taken again after a crash lost the commit the
+    /// replica holds).
     async fn resumable(&self, name: &str) -> Result<Option<Generation>, String> {
         let mut newest = None;
         for n in self.target.generation_names().await?.iter().rev() {
@@ -348,7 +351,7 @@ impl Shipper {
         Ok(Some(Generation {
             name: newest,
             log_id: m.log_id,
-            shipped: self.from,
+            shipped: self.from.0,
             started_ns: m.started_ns,
         }))
     }

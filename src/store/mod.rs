@@ -46,8 +46,8 @@ pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
-    Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment, encode_segment,
-    record_time,
+    Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
+    encode_segment, record_time,
 };
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::WriteTxn;
@@ -167,9 +167,9 @@ pub struct Store {
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
-    /// The replicas' queues of committed records (see `replica`) and the commit they start
-    /// after; set once, when a replicated mount opens the store.
-    feeds: OnceLock<(Vec<std::sync::Arc<replica::Feed>>, u64)>,
+    /// The replicas' queues of committed records (see `replica`) and where the store was
+    /// when they started; set once, when a replicated mount opens the store.
+    feeds: OnceLock<replica::Attached>,
 }
 
 impl Store {

@@ -44,6 +44,18 @@ pub const MAX_SHIPPED_RECORD: usize = 32 * 1024 * 1024;
 /// A commit's record, shared by every feed and the shipper without copying.
 pub type Record = Arc<Vec<u8>>;
 
+/// The feeds of a replicated mount, and where the store was when they started.
+#[derive(Clone, Default)]
+pub struct Attached {
+    pub feeds: Vec<Arc<Feed>>,
+    /// The commit they start after: every later one is handed to each.
+    pub from: u64,
+    /// When the last commit that records its time committed, as of `from` (ns since the
+    /// epoch; 0 for none): a commit number alone can be taken again after a crash, this
+    /// time cannot.
+    pub from_time: i64,
+}
+
 /// What a feed has for its shipper.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Batch {
@@ -152,18 +164,23 @@ impl Feed {
 }
 
 impl Store {
-    /// Starts `n` feeds, and says the commit number they start after: every commit numbered
-    /// after it is handed to each. The first call attaches them (best before the session's
-    /// first commit, so `from` is where the store was when it opened); a later one returns
-    /// the same feeds.
-    pub fn attach_feeds(&self, n: usize) -> Result<(Vec<Arc<Feed>>, u64), StoreError> {
+    /// Starts `n` feeds, and says where the store is: every commit after `from` is handed to
+    /// each. The first call attaches them (best before the session's first commit, so this is
+    /// where the store was when it opened); a later one returns the same feeds.
+    pub fn attach_feeds(&self, n: usize) -> Result<Attached, StoreError> {
         if self.feeds.get().is_none() {
-            let feeds: Vec<Arc<Feed>> = (0..n).map(|_| Arc::new(Feed::default())).collect();
             // Under the write lock: a commit numbered after `from` begins after the feeds are
             // set.
             let w = self.write()?;
-            let from = self.commits.load(Ordering::Acquire);
-            let _ = self.feeds.set((feeds, from));
+            let time = w.meta_bytes(META_LAST_COMMIT)?;
+            let from_time = time
+                .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+                .map_or(0, |b| u64::from_le_bytes(b) as i64);
+            let _ = self.feeds.set(Attached {
+                feeds: (0..n).map(|_| Arc::new(Feed::default())).collect(),
+                from: self.commits.load(Ordering::Acquire),
+                from_time,
+            });
             drop(w);
         }
         Ok(self.feeds.get().cloned().unwrap_or_default())
@@ -171,7 +188,7 @@ impl Store {
 
     /// How large a transaction's record may grow (see `MAX_SHIPPED_RECORD`).
     pub(super) fn record_limit(&self) -> usize {
-        if self.feeds.get().is_some_and(|f| !f.0.is_empty()) {
+        if self.feeds.get().is_some_and(|a| !a.feeds.is_empty()) {
             MAX_SHIPPED_RECORD
         } else {
             wal::MAX_RECORD
@@ -180,9 +197,9 @@ impl Store {
 
     /// Hands commit `seq`'s record to every feed (None: the commit has no record).
     pub(super) fn tap(&self, seq: u64, record: Option<Vec<u8>>) {
-        if let Some((feeds, _)) = self.feeds.get() {
+        if let Some(a) = self.feeds.get() {
             let (record, now) = (record.map(Arc::new), now_ns());
-            for f in feeds {
+            for f in &a.feeds {
                 f.push(seq, record.clone(), now);
             }
         }
@@ -277,7 +294,7 @@ mod tests {
     fn a_large_transaction_reaches_every_feed_as_one_shared_record() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
-        let (feeds, from) = store.attach_feeds(2).unwrap();
+        let Attached { feeds, from, .. } = store.attach_feeds(2).unwrap();
         let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 251) as u8).collect();
         let mut w = store.write().unwrap();
         let chunk = crate::store::CHUNK_SIZE as usize;
