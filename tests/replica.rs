@@ -469,6 +469,32 @@ fn a_restored_store_starts_its_own_generation() {
     assert_eq!(gens.len(), 2, "{gens:?}\n{}", m.log());
 }
 
+/// Another store shipped to the URL meanwhile: the first store's generation is no longer the
+/// newest, so its next mount starts a new one (and the restore gives its tree, not the
+/// other's).
+#[test]
+fn another_store_on_the_url_makes_the_next_mount_start_a_new_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut a = Mounted::new(&url, &[]);
+    std::fs::create_dir(a.mp.join("memories")).unwrap();
+    let mut states = Vec::new();
+    session(&a, 0, 5, &mut states);
+    a.unmount();
+    let mut b = Mounted::new(&url, &[]);
+    std::fs::create_dir(b.mp.join("memories")).unwrap();
+    std::fs::write(b.mp.join("memories/other.md"), "another store\n").unwrap();
+    b.unmount();
+    a.mount(&[]);
+    session(&a, 5, 5, &mut states);
+    a.unmount();
+    assert_eq!(generations(&a, &url).len(), 3, "{}", a.log());
+    assert_eq!(a.restore(&url, None), states.last().unwrap().1);
+}
+
 /// A file too large for one log record ships as one record: no new generation, and the
 /// restore gives it back byte for byte.
 #[test]
