@@ -57,34 +57,54 @@ struct Mounted {
 
 impl Mounted {
     fn new(url: &str, env: &[(String, String)]) -> Mounted {
+        Mounted::with(&["--replica", url, "--replica-interval", "200ms"], env)
+    }
+
+    /// A fresh store mounted with these replica options.
+    fn with(options: &[&str], env: &[(String, String)]) -> Mounted {
         let dir = tempfile::Builder::new()
             .prefix("redbfs-replica-")
             .tempdir()
             .unwrap();
         let mp = dir.path().join("mnt");
         let store = dir.path().join("mnt.redb");
-        let m = Mounted {
+        let mut m = Mounted {
             mp,
             store,
             dir,
             env: env.to_vec(),
-            mounted: true,
+            mounted: false,
         };
-        let log = m.dir.path().join("daemon.log");
-        let out = m.run(&[
+        m.mount(options);
+        m
+    }
+
+    /// Mounts the store again (it keeps its replica settings unless `options` change them).
+    fn mount(&mut self, options: &[&str]) {
+        let log = self.dir.path().join("daemon.log");
+        let mut args = vec![
             "mount",
-            m.mp.to_str().unwrap(),
+            self.mp.to_str().unwrap(),
             "--store",
-            m.store.to_str().unwrap(),
+            self.store.to_str().unwrap(),
             "--log-file",
             log.to_str().unwrap(),
-            "--replica",
-            url,
-            "--replica-interval",
-            "200ms",
-        ]);
-        assert!(out.status.success(), "mount: {}", m.log());
-        m
+        ];
+        args.extend(options);
+        let out = self.run(&args);
+        assert!(out.status.success(), "mount: {}", self.log());
+        self.mounted = true;
+    }
+
+    /// A clean unmount.
+    fn unmount(&mut self) {
+        let out = self.run(&["unmount", self.mp.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "unmount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.mounted = false;
     }
 
     fn run(&self, args: &[&str]) -> std::process::Output {
@@ -128,17 +148,25 @@ impl Mounted {
         }
     }
 
-    /// The machine is lost: the daemon killed, the store and its log deleted.
-    fn lose(&mut self) {
+    /// The daemon SIGKILLed (the store and its log stay), the mount detached.
+    fn kill(&mut self) {
         let pid = self.status()["pid"].as_u64().unwrap();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        let until = Instant::now() + Duration::from_secs(60);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
         self.mounted = false;
+    }
+
+    /// The machine is lost: the daemon killed, the store and its log deleted.
+    fn lose(&mut self) {
+        self.kill();
         for p in [
             self.store.clone(),
             PathBuf::from(format!("{}.wal", self.store.display())),
@@ -305,6 +333,247 @@ fn a_daemon_killed_mid_upload_leaves_a_restorable_replica() {
         states.iter().any(|s| s.1 == got) || trees.contains(&got),
         "the restored tree is no state the store was in (seed {seed})"
     );
+}
+
+/// The generations `replica ls` lists for `url`.
+fn generations(m: &Mounted, url: &str) -> Vec<serde_json::Value> {
+    let ls = m.run(&["replica", "ls", url, "--json"]);
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    v["generations"].as_array().unwrap().clone()
+}
+
+/// A clean unmount ships everything, and the next mount continues the generation instead of
+/// uploading a new snapshot: one generation holds both sessions, restores the latest tree,
+/// and restores any commit of the first session too.
+#[test]
+fn a_restart_continues_the_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    session(&m, 0, 15, &mut states);
+    m.unmount();
+    let first = generations(&m, &url);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let reached = first[0]["last_commit"].as_u64().unwrap();
+    assert!(
+        reached >= states.last().unwrap().0,
+        "the unmount shipped everything: {first:?}"
+    );
+    m.mount(&[]);
+    let s = m.status();
+    assert_eq!(s["replicas"][0]["snapshots"], 0, "no new snapshot: {s}");
+    session(&m, 15, 15, &mut states);
+    m.unmount();
+    let gens = generations(&m, &url);
+    assert_eq!(gens.len(), 1, "one generation: {gens:?}\n{}", m.log());
+    assert_eq!(gens[0]["generation"], first[0]["generation"]);
+    assert_eq!(m.restore(&url, None), states.last().unwrap().1);
+    let (commit, want) = &states[5];
+    assert_eq!(&m.restore(&url, Some(&commit.to_string())), want);
+}
+
+/// A daemon killed and mounted again: the store recovers from its log, and whether the
+/// mount continues the generation (the replica had every commit the store kept) or starts a
+/// new one, the replica restores the last tree and every commit before the kill.
+#[test]
+fn a_crash_and_remount_keep_the_replica_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    session(&m, 0, 10, &mut states);
+    m.caught_up();
+    m.kill();
+    m.mount(&[]);
+    session(&m, 10, 10, &mut states);
+    m.unmount();
+    assert_eq!(m.restore(&url, None), states.last().unwrap().1);
+    let (commit, want) = &states[4];
+    assert_eq!(&m.restore(&url, Some(&commit.to_string())), want);
+}
+
+/// A store changed while unmounted (here by `import`) is no longer at the commit its
+/// generation reaches: the next mount starts a new generation, which holds the change.
+#[test]
+fn an_offline_change_starts_a_new_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = Vec::new();
+    session(&m, 0, 5, &mut states);
+    m.unmount();
+    let src = m.dir.path().join("offline");
+    std::fs::create_dir_all(src.join("memories")).unwrap();
+    std::fs::write(src.join("memories/imported.md"), "added offline\n").unwrap();
+    let out = m.run(&["import", src.to_str().unwrap(), m.store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.mount(&[]);
+    let want = tree(&m.mp);
+    assert!(want.contains_key("memories/imported.md"));
+    m.caught_up();
+    m.unmount();
+    let gens = generations(&m, &url);
+    assert_eq!(gens.len(), 2, "{gens:?}");
+    assert_eq!(m.restore(&url, None), want);
+}
+
+/// A store restored from its replica is at exactly the commit the replica's generation
+/// reaches, and holds the record naming that generation; it still must not append to it (the
+/// replica may hold the original store's chain): its first replicated mount starts a new one.
+#[test]
+fn a_restored_store_starts_its_own_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let mut states = Vec::new();
+    session(&m, 0, 5, &mut states);
+    m.unmount();
+    let store = m.store.to_str().unwrap().to_string();
+    let out = m.run(&["restore", "--from", &url, &store, "--discard-current"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    m.mount(&[]);
+    assert_eq!(tree(&m.mp), states.last().unwrap().1);
+    m.caught_up();
+    m.unmount();
+    let gens = generations(&m, &url);
+    assert_eq!(gens.len(), 2, "{gens:?}\n{}", m.log());
+}
+
+/// Another store shipped to the URL meanwhile: the first store's generation is no longer the
+/// newest, so its next mount starts a new one (and the restore gives its tree, not the
+/// other's).
+#[test]
+fn another_store_on_the_url_makes_the_next_mount_start_a_new_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut a = Mounted::new(&url, &[]);
+    std::fs::create_dir(a.mp.join("memories")).unwrap();
+    let mut states = Vec::new();
+    session(&a, 0, 5, &mut states);
+    a.unmount();
+    let mut b = Mounted::new(&url, &[]);
+    std::fs::create_dir(b.mp.join("memories")).unwrap();
+    std::fs::write(b.mp.join("memories/other.md"), "another store\n").unwrap();
+    b.unmount();
+    a.mount(&[]);
+    session(&a, 5, 5, &mut states);
+    a.unmount();
+    assert_eq!(generations(&a, &url).len(), 3, "{}", a.log());
+    assert_eq!(a.restore(&url, None), states.last().unwrap().1);
+}
+
+/// A file too large for one log record ships as one record: no new generation, and the
+/// restore gives it back byte for byte.
+#[test]
+fn a_large_file_ships_without_a_new_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let m = Mounted::new(&url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    m.caught_up();
+    let before = m.status()["replicas"][0].clone();
+    let big: Vec<u8> = (0..2u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(m.mp.join("memories/big.bin"), &big).unwrap();
+    m.caught_up();
+    let after = m.status()["replicas"][0].clone();
+    assert_eq!(after["snapshots"], before["snapshots"], "{before}\n{after}");
+    assert_eq!(after["generation"], before["generation"]);
+    let got = m.restore(&url, None);
+    assert_eq!(got.get("memories/big.bin"), Some(&Some(big)));
+}
+
+/// `--replica-snapshot-every` starts generations on its schedule and `--replica-keep` removes
+/// the old ones, keeping the newest; what is kept still restores, latest and at a commit.
+#[test]
+fn old_generations_are_pruned_on_schedule() {
+    if !fuse_available() {
+        return;
+    }
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let options = [
+        "--replica",
+        url.as_str(),
+        "--replica-interval",
+        "200ms",
+        "--replica-snapshot-every",
+        "2s",
+        "--replica-keep",
+        "3s",
+    ];
+    let mut m = Mounted::with(&options, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    m.caught_up();
+    let mut states = Vec::new();
+    let first = generations(&m, &url)[0]["generation"].clone();
+    let until = Instant::now() + Duration::from_secs(120);
+    let mut i = 0;
+    loop {
+        session(&m, i, 5, &mut states);
+        i += 5;
+        let gens = generations(&m, &url);
+        let pruned = gens.iter().all(|g| g["generation"] != first);
+        if pruned && gens.len() >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "never pruned: {gens:?}\n{}",
+            m.log()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    m.caught_up();
+    m.unmount();
+    let gens = generations(&m, &url);
+    assert!(gens.len() >= 2, "{gens:?}");
+    assert_eq!(m.restore(&url, None), states.last().unwrap().1);
+    let oldest = &gens[0];
+    let (lo, hi) = (
+        oldest["commit"].as_u64().unwrap(),
+        oldest["last_commit"].as_u64().unwrap(),
+    );
+    let kept = states.iter().find(|s| lo <= s.0 && s.0 <= hi);
+    let (commit, want) = kept.unwrap_or_else(|| panic!("no state in {lo}..={hi}: {gens:?}"));
+    assert_eq!(&m.restore(&url, Some(&commit.to_string())), want);
 }
 
 // ---- S3, through moto ----

@@ -408,10 +408,14 @@ fn run_daemon_inner(
             daemon.set_replication(replication.clone());
             let served =
                 crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
-            // What the session committed last goes up before the store closes.
+            // What the session committed last goes up before the store closes, the orphans
+            // the kernel let go of too (nothing references them once the session ended).
             fs.flush_all();
+            if let Err(e) = fs.reclaim_orphans() {
+                tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
+            }
             daemon.set_replication(None);
-            if let Some(r) = replication.and_then(|r| Arc::try_unwrap(r).ok()) {
+            if let Some(r) = replication {
                 r.stop();
             }
             served

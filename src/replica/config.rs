@@ -1,12 +1,14 @@
-//! What a store keeps about its replicas: the URLs and the schedule, in its `meta` table like
-//! the limits, so a plain `redbfs mount` after a restart replicates as before.
+//! What a store keeps about its replicas, in its `meta` table like the limits: the URLs and the
+//! schedule, so a plain `redbfs mount` after a restart replicates as before, and the
+//! generation each URL holds this store's commits in, so a restart can continue it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::schema::META_REPLICAS;
-use crate::store::{Store, Sync};
+use crate::store::schema::{META_REPLICA_GENERATIONS, META_REPLICAS};
+use crate::store::{Store, StoreError, Sync};
 
 const SECOND_NS: u64 = 1_000_000_000;
 
@@ -80,7 +82,10 @@ impl ReplicaOverrides {
 
 /// The replica settings of a mount: what the store keeps with `o` applied, every URL checked
 /// (its form; nothing is contacted), and recorded in the store when they changed (never by a
-/// read-only mount).
+/// read-only mount). Called right after the store opens: the replicas' feeds start here,
+/// before the session's first commit, so a mount can tell whether the store is still where
+/// a replica's generation ends (a commit made at mount, such as this one or a reclaim after a
+/// crash, then reaches the replica like any other).
 pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<Settings, String> {
     let stored = Settings::stored(store);
     let settings = o.apply(stored.clone());
@@ -90,6 +95,12 @@ pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<
     if settings.interval_ns == 0 {
         return Err("--replica-interval must be more than 0".into());
     }
+    if !read_only
+        && !settings.urls.is_empty()
+        && let Err(e) = store.attach_feeds(settings.urls.len())
+    {
+        tracing::warn!(error = %e, "cannot start the replicas' feeds yet");
+    }
     if !read_only && settings != stored {
         let json = serde_json::to_vec(&settings).map_err(|e| e.to_string())?;
         let w = store.write().map_err(|e| e.to_string())?;
@@ -98,4 +109,53 @@ pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<
         w.commit(Sync::Durable).map_err(|e| e.to_string())?;
     }
     Ok(settings)
+}
+
+/// The generation each replica URL holds this store's commits in (`META_REPLICA_GENERATIONS`).
+fn generations(bytes: Option<Vec<u8>>) -> BTreeMap<String, String> {
+    bytes
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// The generation the store at `url` ships to, as the store recorded it.
+pub fn recorded_generation(store: &Store, url: &str) -> Option<String> {
+    let bytes = store
+        .read()
+        .and_then(|r| r.meta_bytes(META_REPLICA_GENERATIONS))
+        .ok()?;
+    generations(bytes).remove(url)
+}
+
+/// Records (or with None forgets) the generation the store ships to at `url`, in a commit of
+/// its own (shipped like any other).
+pub fn record_generation(
+    store: &Store,
+    url: &str,
+    generation: Option<&str>,
+) -> Result<(), StoreError> {
+    let mut w = store.write()?;
+    w.without_history();
+    let mut all = generations(w.meta_bytes(META_REPLICA_GENERATIONS)?);
+    let changed = match generation {
+        Some(g) => all.insert(url.to_string(), g.to_string()).as_deref() != Some(g),
+        None => all.remove(url).is_some(),
+    };
+    if !changed {
+        return Ok(());
+    }
+    let json = serde_json::to_vec(&all).map_err(|e| StoreError::Io(e.to_string()))?;
+    w.put_meta(META_REPLICA_GENERATIONS, &json)?;
+    w.commit(Sync::Deferred)
+}
+
+/// A restored store claims no replica's generation: its first replicated mount starts new
+/// ones, never appending to the chain of the store it was copied from.
+pub fn disown(store: &Store) -> Result<(), StoreError> {
+    let mut w = store.write()?;
+    w.without_history();
+    if w.remove_meta(META_REPLICA_GENERATIONS)? {
+        w.commit(Sync::Durable)?;
+    }
+    Ok(())
 }

@@ -93,8 +93,11 @@ impl Target {
                     .to_file_path()
                     .map_err(|()| bad(&"not a local path"))?;
                 std::fs::create_dir_all(&dir).map_err(|e| bad(&e))?;
+                // Directories emptied by a removal go too: a local listing names every
+                // directory, and a pruned generation must not stay listed.
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| bad(&e))?;
+                    .map_err(|e| bad(&e))?
+                    .with_automatic_cleanup(true);
                 return Ok(Target {
                     url: url.to_string(),
                     store: Arc::new(local),

@@ -98,17 +98,47 @@ async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String>
     let Some(m) = manifest else {
         return Ok(info);
     };
-    info.last_commit = Some(m.commit);
-    info.last_time_ns = Some(m.commit_time_ns);
-    let links = chain(&segments, m.commit);
-    if let Some(&(first, last, _)) = links.last() {
-        let bytes = target.segment(name, first, last).await?;
-        if let Some(records) = decode_segment(m.log_id, &bytes) {
-            info.last_commit = records.last().map(|r| r.0);
-            info.last_time_ns = records.iter().rev().find_map(|r| record_time(&r.1));
+    let (last, time) = tail(target, &m, &chain(&segments, m.commit)).await?;
+    info.last_commit = Some(last.unwrap_or(m.commit));
+    info.last_time_ns = Some(time);
+    Ok(info)
+}
+
+/// Where the chain `links` of generation `m` ends: its last commit (None when the last
+/// segment does not verify whole, or holds other commits than its name says), and when the
+/// last commit that records its time committed. A segment of checkpoints alone (the last
+/// upload before an unmount) records no time, so the time may be further back.
+async fn tail(
+    target: &Target,
+    m: &Manifest,
+    links: &[(u64, u64, u64)],
+) -> Result<(Option<u64>, i64), String> {
+    let mut end = links.is_empty().then_some(m.commit);
+    let mut time = m.commit_time_ns;
+    for (i, &(first, last, _)) in links.iter().enumerate().rev() {
+        let bytes = target.segment(&m.generation, first, last).await?;
+        let Some(records) = decode_segment(m.log_id, &bytes) else {
+            break;
+        };
+        let (a, b) = (records.first().map(|r| r.0), records.last().map(|r| r.0));
+        if i + 1 == links.len() && a == Some(first) && b == Some(last) {
+            end = Some(last);
+        }
+        if let Some(t) = records.iter().rev().find_map(|r| record_time(&r.1)) {
+            time = t;
+            break;
         }
     }
-    Ok(info)
+    Ok((end, time))
+}
+
+/// The last commit generation `m` reaches without a gap (its last segment verified whole) and
+/// when the last commit that records its time committed; None when that segment does not
+/// verify.
+pub(super) async fn reach(target: &Target, m: &Manifest) -> Result<Option<(u64, i64)>, String> {
+    let links = chain(&target.segments(&m.generation).await?, m.commit);
+    let (end, time) = tail(target, m, &links).await?;
+    Ok(end.map(|e| (e, time)))
 }
 
 /// `restore --from`: rebuilds the store at `point` from the replica at `url` and puts it in

@@ -1,6 +1,9 @@
 //! Shipping: one thread per replica of a mount, beside the commit path and never in its way.
-//! Each starts a generation (a snapshot of the store) and then, at least every interval while
-//! commits happen, uploads the records its feed holds as one segment following the last. A
+//! Each continues the replica's newest generation when that is provably this store's own
+//! unbroken chain (the store recorded it as its generation there, and the commit the store
+//! was at when its feed started is the last one the generation's segments reach), and starts
+//! a new generation (a snapshot of the store) otherwise; then, at least every interval while
+//! commits happen, it uploads the records its feed holds as one segment following the last. A
 //! new generation starts on the snapshot schedule and whenever the feed's chain breaks. An
 //! upload that fails is tried again at the next interval with everything that has committed
 //! since: an unreachable replica costs the mount nothing but memory for the records (up to the
@@ -18,9 +21,10 @@ use object_store::{ObjectStoreExt, WriteMultipart};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::config::{record_generation, recorded_generation};
 use super::{Manifest, Settings, Target, runtime, segment_name, started_of};
 use crate::fs::Fs;
-use crate::store::{Batch, Feed, encode_segment, now_ns};
+use crate::store::{Batch, Feed, Record, encode_segment, now_ns};
 
 /// A segment holds about this much at most; a backlog goes up in several, in order.
 const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
@@ -69,8 +73,10 @@ impl Stop {
 
 /// The replication of a mount: its shipping threads and what each has shipped.
 pub struct Replication {
+    fs: Arc<Fs>,
     stop: Arc<Stop>,
-    threads: Vec<JoinHandle<()>>,
+    /// Taken by `stop`.
+    threads: Mutex<Vec<JoinHandle<()>>>,
     lags: Vec<(Arc<Mutex<Lag>>, Arc<Feed>)>,
 }
 
@@ -89,14 +95,22 @@ impl Replication {
             .iter()
             .map(|u| Target::open(u))
             .collect::<Result<_, _>>()?;
-        let feeds = fs.store().attach_feeds(targets.len());
+        // Attached when the store opened (`config::remember`), so `at` is where it was then.
+        let at = fs
+            .store()
+            .attach_feeds(targets.len())
+            .map_err(|e| format!("starting the replicas' feeds: {e}"))?;
+        if at.feeds.len() != targets.len() {
+            return Err("the replicas changed since the store opened".into());
+        }
         let stop = Arc::new(Stop::default());
         let mut r = Replication {
+            fs: fs.clone(),
             stop: stop.clone(),
-            threads: Vec::new(),
+            threads: Mutex::new(Vec::new()),
             lags: Vec::new(),
         };
-        for (i, (target, feed)) in targets.into_iter().zip(feeds).enumerate() {
+        for (i, (target, feed)) in targets.into_iter().zip(at.feeds.clone()).enumerate() {
             let lag = Arc::new(Mutex::new(Lag {
                 url: target.url.clone(),
                 ..Lag::default()
@@ -106,6 +120,7 @@ impl Replication {
                 fs: fs.clone(),
                 target,
                 feed,
+                from: (at.from, at.from_time),
                 settings: settings.clone(),
                 lag,
                 generation: None,
@@ -118,16 +133,28 @@ impl Replication {
                 .name(format!("replica-{i}"))
                 .spawn(move || shipper.run(&stop))
                 .map_err(|e| format!("starting the replica thread: {e}"))?;
-            r.threads.push(t);
+            r.threads
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(t);
         }
         Ok(Some(r))
     }
 
-    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops.
-    pub fn stop(self) {
+    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops; returns
+    /// once every shipping thread has ended. A checkpoint first, so closing the store adds no
+    /// commit the replicas never see and the next mount can continue their generations. Takes
+    /// `&self`: a status request still holding the replication cannot keep it from shipping.
+    pub fn stop(&self) {
+        if !self.fs.store().is_failed()
+            && let Err(e) = self.fs.store().checkpoint()
+        {
+            tracing::warn!(error = %e, "the checkpoint before the replicas' last upload failed");
+        }
         *self.stop.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.stop.wake.notify_all();
-        for t in self.threads {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
             let _ = t.join();
         }
     }
@@ -175,7 +202,8 @@ struct Generation {
     log_id: u64,
     /// The last commit uploaded (the snapshot's, then each segment's last).
     shipped: u64,
-    started: Instant,
+    /// When the generation started (its snapshot), ns since the epoch.
+    started_ns: i64,
 }
 
 /// One replica's shipping thread.
@@ -183,6 +211,9 @@ struct Shipper {
     fs: Arc<Fs>,
     target: Target,
     feed: Arc<Feed>,
+    /// The feed holds every commit after this one; the second, when the last commit that
+    /// records its time committed then (see `Attached`).
+    from: (u64, i64),
     settings: Settings,
     lag: Arc<Mutex<Lag>>,
     generation: Option<Generation>,
@@ -236,9 +267,14 @@ impl Shipper {
     }
 
     async fn step(&mut self) -> Result<(), String> {
+        if self.generation.is_none() && !self.feed.is_broken() {
+            self.resume().await;
+        }
         let due = match &self.generation {
             None => true,
-            Some(g) => g.started.elapsed() >= Duration::from_nanos(self.settings.snapshot_every_ns),
+            Some(g) => {
+                now_ns().saturating_sub(g.started_ns) >= self.settings.snapshot_every_ns as i64
+            }
         };
         if due || self.feed.is_broken() {
             self.start_generation().await?;
@@ -258,11 +294,73 @@ impl Shipper {
         Ok(())
     }
 
+    /// Continues the generation the store recorded for this replica when it is the replica's
+    /// newest and its segments reach, without a gap, exactly the commit the feed starts after.
+    /// Otherwise (or when the replica cannot be read) the store forgets it, so no later mount
+    /// appends to a chain this store may have diverged from; a new generation follows.
+    async fn resume(&mut self) {
+        let store = self.fs.store();
+        let Some(recorded) = recorded_generation(store, &self.target.url) else {
+            return;
+        };
+        match self.resumable(&recorded).await {
+            Ok(Some(g)) => {
+                tracing::info!(replica = %self.target.url, generation = %g.name, commit = g.shipped, "replica: continuing the generation");
+                let mut lag = lock(&self.lag);
+                lag.generation = Some(g.name.clone());
+                lag.shipped_commit = g.shipped;
+                lag.last_upload_ns = Some(now_ns());
+                drop(lag);
+                self.feed.restart(g.shipped);
+                self.generation = Some(g);
+                return;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::info!(replica = %self.target.url, error = %e, "replica: cannot read the generation to continue; starting a new one");
+            }
+        }
+        if let Err(e) = record_generation(store, &self.target.url, None) {
+            tracing::warn!(replica = %self.target.url, error = %e, "replica: cannot forget the generation the store recorded");
+        }
+    }
+
+    /// The generation `name` to continue, if it is the newest restorable one and ends
+    /// exactly where the store was when its feed started: the same last commit, made at the
+    /// same time (a number alone may have been taken again after a crash lost the commit the
+    /// replica holds).
+    async fn resumable(&self, name: &str) -> Result<Option<Generation>, String> {
+        let mut newest = None;
+        for n in self.target.generation_names().await?.iter().rev() {
+            if let Some(m) = self.target.manifest(n).await? {
+                newest = Some((n.clone(), m));
+                break;
+            }
+        }
+        let Some((newest, m)) = newest else {
+            return Ok(None);
+        };
+        if newest != name {
+            return Ok(None);
+        }
+        if m.generation != newest
+            || super::restore::reach(&self.target, &m).await? != Some(self.from)
+        {
+            return Ok(None);
+        }
+        Ok(Some(Generation {
+            name: newest,
+            log_id: m.log_id,
+            shipped: self.from.0,
+            started_ns: m.started_ns,
+        }))
+    }
+
     /// Uploads one segment following the last one shipped.
-    async fn ship(&mut self, records: Vec<(u64, Vec<u8>)>) -> Result<(), String> {
+    async fn ship(&mut self, records: Vec<(u64, Record)>) -> Result<(), String> {
         let g = self.generation.as_mut().ok_or("no generation")?;
         let (first, last) = (records[0].0, records[records.len() - 1].0);
-        let bytes = encode_segment(g.log_id, &records);
+        let bytes = encode_segment(g.log_id, records.iter().map(|r| (r.0, r.1.as_slice())));
         let size = bytes.len() as u64;
         let path = self.target.gen_path(&g.name, &segment_name(first, last));
         self.target.put(&path, bytes).await?;
@@ -311,11 +409,15 @@ impl Shipper {
         self.target.put(&at, json).await?;
         self.feed.restart(commit);
         tracing::info!(replica = %self.target.url, generation = %name, commit, bytes = snapshot_bytes, "replica: new generation");
+        // The store says which generation it ships to, in a commit this generation ships.
+        if let Err(e) = record_generation(self.fs.store(), &self.target.url, Some(&name)) {
+            tracing::warn!(replica = %self.target.url, error = %e, "replica: cannot record the generation in the store; the next mount starts a new one");
+        }
         self.generation = Some(Generation {
             name,
             log_id: manifest.log_id,
             shipped: commit,
-            started: Instant::now(),
+            started_ns,
         });
         let mut lag = lock(&self.lag);
         lag.generation = Some(manifest.generation);

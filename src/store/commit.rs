@@ -84,6 +84,28 @@ impl Store {
         }
     }
 
+    /// Makes every commit so far durable in the store file itself: one checkpoint commit
+    /// (a durable redb commit; the log starts again), unless the last commit was one. The
+    /// number of the last commit.
+    pub fn checkpoint(&self) -> Result<u64, StoreError> {
+        if self.checkpoint_is_last() {
+            return Ok(self.commits.load(Ordering::Acquire));
+        }
+        let mut w = self.write()?;
+        w.without_history();
+        w.commit_checkpoint()
+    }
+
+    /// Whether the last commit was a checkpoint, so the store file holds every commit and the
+    /// final checkpoint at close has nothing to add (and takes no commit number the replicas
+    /// never saw).
+    pub(super) fn checkpoint_is_last(&self) -> bool {
+        match self.wal.get() {
+            Some(Some(wal)) => wal.checkpointed() == self.commits.load(Ordering::Acquire),
+            _ => true,
+        }
+    }
+
     /// The number of the last commit, and the bytes of write-ahead log records since the
     /// last checkpoint (what a crash now would have to apply at the next open).
     pub fn log_state(&self) -> (u64, u64) {
@@ -218,7 +240,7 @@ impl WriteTxn<'_> {
                 let result = self.commit_durably(seq);
                 match (&result, wal) {
                     (Err(_), Some(w)) => w.fail(),
-                    (Ok(_), _) => store.tap(seq, redo.as_deref()),
+                    (Ok(_), _) => store.tap(seq, redo),
                     _ => {}
                 }
                 drop(pending);
@@ -230,7 +252,7 @@ impl WriteTxn<'_> {
         let Some(wal) = wal else {
             let result = self.commit_durably(seq);
             if result.is_ok() {
-                store.tap(seq, redo.as_deref());
+                store.tap(seq, redo);
             }
             gap.armed = result.is_err();
             return result;
@@ -246,7 +268,9 @@ impl WriteTxn<'_> {
                 return Err(e);
             }
             pending.checkpointed(seq);
-            store.tap(seq, redo.as_deref());
+            // The replicas' feeds outside the log's lock, which every committer waits for.
+            drop(pending);
+            store.tap(seq, redo);
             gap.armed = false;
             return Ok(seq);
         }
@@ -262,8 +286,8 @@ impl WriteTxn<'_> {
             wal.fail();
             return Err(e);
         }
-        store.tap(seq, redo.as_deref());
         drop(pending);
+        store.tap(seq, redo);
         store.injected_panic(fault::PanicAt::Committed);
         if sync == Sync::Durable {
             wal.sync_to(seq)?;

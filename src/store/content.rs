@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use redb::ReadableTable;
 
 use super::read::ReadTxn;
-use super::redo::{redo_del, redo_put};
+use super::redo::{put_entry_len, redo_del, redo_put};
 use super::schema::*;
 use super::write::WriteTxn;
 use super::{StoreError, corrupt, map_err, schema};
@@ -161,6 +161,13 @@ impl WriteTxn<'_> {
         if n == 0 {
             return Ok(());
         }
+        // The blobs' redo entries (a checksum before each chunk's content), sized up front.
+        let redo_bytes: usize = chunks
+            .clone()
+            .into_iter()
+            .map(|(_, d)| put_entry_len(redb::TableHandle::name(&BLOBS), 4 + d.len()))
+            .sum();
+        self.redo.expect(redo_bytes);
         let first = self.next_counters(META_NEXT_BLOB, n)?;
         self.new_blobs.push(first..first + n);
         {

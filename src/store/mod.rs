@@ -45,7 +45,10 @@ pub use copy::CopyStats;
 pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
-pub use replica::{Batch, Feed, apply_records, decode_segment, encode_segment, record_time};
+pub use replica::{
+    Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
+    encode_segment, record_time,
+};
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::WriteTxn;
 
@@ -184,9 +187,9 @@ pub struct Store {
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
-    /// The replicas' queues of committed records (see `replica`); set once, when the daemon
-    /// starts replicating.
-    feeds: OnceLock<Vec<std::sync::Arc<replica::Feed>>>,
+    /// The replicas' queues of committed records (see `replica`) and where the store was
+    /// when they started; set once, when a replicated mount opens the store.
+    feeds: OnceLock<replica::Attached>,
 }
 
 impl Store {

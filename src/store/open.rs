@@ -299,9 +299,11 @@ impl Store {
             return Ok(());
         };
         wal.check()?;
-        let mut w = self.write()?;
-        w.without_history();
-        w.commit_checkpoint()?;
+        if !self.checkpoint_is_last() {
+            let mut w = self.write()?;
+            w.without_history();
+            w.commit_checkpoint()?;
+        }
         wal.remove(&self.disk)
     }
 }

@@ -11,7 +11,43 @@ use std::cell::RefCell;
 use redb::TableDefinition;
 
 use super::schema::*;
-use super::{StoreError, map_err, wal};
+use super::{StoreError, map_err};
+
+/// A transaction's redo as it is built, and the size past which it is given up (the
+/// transaction then has no record: the log checkpoints it, and a replica's chain breaks).
+pub(super) struct Redo {
+    buf: RefCell<Option<Vec<u8>>>,
+    limit: usize,
+}
+
+impl Redo {
+    /// An empty redo that may grow to `limit` bytes.
+    pub(super) fn new(limit: usize) -> Redo {
+        Redo {
+            buf: RefCell::new(Some(Vec::new())),
+            limit,
+        }
+    }
+
+    /// About to add `bytes` more: room for them at once, or the redo given up now when they
+    /// would take it past the limit, so a transaction bound to be too large (a big file's
+    /// content) copies nothing into it first.
+    pub(super) fn expect(&self, bytes: usize) {
+        let mut slot = self.buf.borrow_mut();
+        if let Some(r) = slot.as_mut() {
+            if r.len() + bytes > self.limit {
+                *slot = None;
+            } else {
+                r.reserve(bytes);
+            }
+        }
+    }
+
+    /// The record, or None when the transaction outgrew the limit.
+    pub(super) fn take(&self) -> Option<Vec<u8>> {
+        self.buf.take()
+    }
+}
 
 /// Applies one log record's changes to `tx`.
 pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
@@ -95,6 +131,11 @@ pub(super) fn commit_time(payload: &[u8]) -> Option<i64> {
 const REDO_PUT: u8 = 1;
 const REDO_DEL: u8 = 2;
 
+/// Bytes an entry putting a `value_len`-byte value under a u64 key of `table` takes.
+pub(super) fn put_entry_len(table: &str, value_len: usize) -> usize {
+    2 + table.len() + 4 + 8 + 4 + value_len
+}
+
 /// Puts or removes one key of table `def`, as a log record says.
 fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
     tx: &redb::WriteTransaction,
@@ -115,17 +156,17 @@ fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
 
 /// Appends a put of `key` = `value` in table `def` to a transaction's redo.
 pub(super) fn redo_put<K: redb::Key + 'static, V: redb::Value + 'static>(
-    redo: &RefCell<Option<Vec<u8>>>,
+    redo: &Redo,
     def: TableDefinition<K, V>,
     key: &K::SelfType<'_>,
     value: &V::SelfType<'_>,
 ) {
-    let mut slot = redo.borrow_mut();
+    let mut slot = redo.buf.borrow_mut();
     let Some(r) = slot.as_mut() else {
         return;
     };
     let v = V::as_bytes(value);
-    if r.len() + v.as_ref().len() > wal::MAX_RECORD {
+    if r.len() + v.as_ref().len() > redo.limit {
         // Too large for a record: this transaction commits as a checkpoint, and its content
         // is not copied a second time.
         *slot = None;
@@ -138,11 +179,11 @@ pub(super) fn redo_put<K: redb::Key + 'static, V: redb::Value + 'static>(
 
 /// Appends a removal of `key` from table `def` to a transaction's redo.
 pub(super) fn redo_del<K: redb::Key + 'static, V: redb::Value + 'static>(
-    redo: &RefCell<Option<Vec<u8>>>,
+    redo: &Redo,
     def: TableDefinition<K, V>,
     key: &K::SelfType<'_>,
 ) {
-    if let Some(r) = redo.borrow_mut().as_mut() {
+    if let Some(r) = redo.buf.borrow_mut().as_mut() {
         redo_head(r, REDO_DEL, def, K::as_bytes(key).as_ref());
     }
 }

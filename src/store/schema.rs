@@ -13,6 +13,9 @@
 //!                                       restart keeps them
 //!                                       "replicas" &[u8]: the replica URLs and their schedule
 //!                                       as JSON (`replica::Settings`), kept the same way
+//!                                       "replica_generations" &[u8]: JSON object, replica URL
+//!                                       -> the generation this store ships to there, written
+//!                                       right after the generation starts; a restore removes it
 //! inodes   u64 ino         -> &[u8]     an `Inode` record (below); ino 1 is the root
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
@@ -98,6 +101,7 @@ pub(crate) const META_NEXT_BLOB: &str = "next_blob";
 pub(crate) const META_CREATED: &str = "created";
 pub const META_LIMITS: &str = "limits";
 pub const META_REPLICAS: &str = "replicas";
+pub const META_REPLICA_GENERATIONS: &str = "replica_generations";
 pub(crate) const META_HISTORY_NEXT: &str = "history_next";
 pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
 pub(crate) const META_LOG_SEQ: &str = "log_seq";

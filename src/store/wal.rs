@@ -319,6 +319,11 @@ impl Wal {
         p.offset + p.buf.len() as u64
     }
 
+    /// The number of the last checkpoint: every commit up to it is durable in the store file.
+    pub(super) fn checkpointed(&self) -> u64 {
+        lock(&self.pending).checkpointed
+    }
+
     /// Whether the log can be removed at close: nothing failed, so a final checkpoint covers
     /// every record.
     pub(super) fn healthy(&self) -> bool {

@@ -5,7 +5,6 @@
 //! usage counts in step, and (history on) captures the key's value before the transaction's
 //! first change to it.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
@@ -13,7 +12,7 @@ use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::history::{Capture, OpInfo};
 use super::read::{DirEntry, get_inode_in, list_in, lookup_in, meta_u64_in, orphans_in};
-use super::redo::{redo_del, redo_put};
+use super::redo::{Redo, redo_del, redo_put};
 use super::schema::*;
 use super::{Store, StoreError, Usage, corrupt, map_err};
 
@@ -33,9 +32,9 @@ pub(super) struct UsageDelta {
 pub struct WriteTxn<'s> {
     pub(super) tx: redb::WriteTransaction,
     pub(super) store: &'s Store,
-    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`); None once
-    /// it outgrew a log record (the commit is then a checkpoint).
-    pub(super) redo: RefCell<Option<Vec<u8>>>,
+    /// Every put and remove so far, encoded for the write-ahead log (`redo_put`), until it
+    /// outgrows `Store::record_limit` (the commit is then a checkpoint).
+    pub(super) redo: Redo,
     pub(super) usage: UsageDelta,
     pub(super) capture: Option<Capture>,
     pub(super) info: Option<OpInfo>,
@@ -64,7 +63,7 @@ impl Store {
         Ok(WriteTxn {
             tx,
             store: self,
-            redo: RefCell::new(Some(Vec::new())),
+            redo: Redo::new(self.record_limit()),
             usage: UsageDelta::default(),
             capture: self.history_on().then(Capture::default),
             info: None,
@@ -303,6 +302,22 @@ impl WriteTxn<'_> {
             .map_err(map_err)?;
         redo_put(&self.redo, META, &key, &value);
         Ok(())
+    }
+
+    /// A `meta` value as this transaction sees it.
+    pub fn meta_bytes(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = self.tx.open_table(META).map_err(map_err)?;
+        Ok(t.get(key).map_err(map_err)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Removes a `meta` key; whether it was there.
+    pub fn remove_meta(&self, key: &str) -> Result<bool, StoreError> {
+        let mut t = self.tx.open_table(META).map_err(map_err)?;
+        let was = t.remove(key).map_err(map_err)?.is_some();
+        if was {
+            redo_del(&self.redo, META, &key);
+        }
+        Ok(was)
     }
 
     pub fn usage(&self) -> Result<Usage, StoreError> {

@@ -47,6 +47,12 @@ fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A restored store claims no replica's generation (see `replica::config::disown`).
+fn disown_on(disk: &Disk, path: &Path) -> Result<()> {
+    let s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
+    crate::replica::config::disown(&s).map_err(err)
+}
+
 /// `snapshot`: a consistent copy of what `r` sees, written to a temporary name, fsynced,
 /// renamed into place with mode 0600, then opened and checked. `progress` hears the records
 /// copied so far.
@@ -128,12 +134,14 @@ pub fn restore_on(
     // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
     // check may write to the file it checks) and then put in place.
     let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
-        verify_on(disk, &tmp).map_err(|e| {
-            e.replace(
-                &tmp.display().to_string(),
-                &snapshot_path.display().to_string(),
-            )
-        })
+        verify_on(disk, &tmp)
+            .and_then(|()| disown_on(disk, &tmp))
+            .map_err(|e| {
+                e.replace(
+                    &tmp.display().to_string(),
+                    &snapshot_path.display().to_string(),
+                )
+            })
     });
     if let Err(e) = copied {
         let _ = disk.remove(&tmp);
