@@ -292,6 +292,66 @@ fn a_file_replica_restores_a_lost_machine_and_any_commit() {
     lose_and_restore(&url, &[], &|_, _| {});
 }
 
+/// The stock memory tools of both SDKs (TypeScript `@anthropic-ai/sdk`, Python `anthropic`,
+/// pinned in tests/clients) run their scripted sessions, unchanged, on a replicated mount;
+/// once the replica has caught up the machine is lost, and the store restored on a new host
+/// holds, byte for byte, the tree both sessions left.
+#[test]
+fn both_sdks_sessions_on_a_replicated_mount_restore_byte_for_byte() {
+    if !fuse_available() {
+        return;
+    }
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
+    let session = clients.join("session.json");
+    let python = clients.join(".venv/bin/python");
+    assert!(
+        clients.join("node_modules/@anthropic-ai/sdk").is_dir() && python.exists(),
+        "the pinned SDKs are not installed: run tests/clients/setup.sh first"
+    );
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    let mut m = Mounted::new(&url, &[]);
+    for (base, program, script) in [
+        ("node", PathBuf::from("node"), "run_session.mjs"),
+        ("python", python.clone(), "run_session.py"),
+    ] {
+        let base = m.mp.join(base);
+        std::fs::create_dir(&base).unwrap();
+        let out = Command::new(&program)
+            .arg(clients.join(script))
+            .arg(&base)
+            .arg(&session)
+            .current_dir(&clients)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{script} on the mount: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            base.join("memories").is_dir(),
+            "{script} left no memories directory"
+        );
+    }
+    let want = tree(&m.mp);
+    for base in ["node", "python"] {
+        assert!(
+            want.iter()
+                .any(|(k, v)| k.starts_with(&format!("{base}/memories/")) && v.is_some()),
+            "the {base} session left no memory file: {want:?}"
+        );
+    }
+    m.caught_up();
+    m.lose();
+    assert_eq!(
+        m.restore(&url, None),
+        want,
+        "the restored store differs from what the SDK sessions left"
+    );
+}
+
 /// Killed at a random moment while it ships a stream of commits: whatever it left in the
 /// replica restores, to a state the store was in.
 #[test]
