@@ -46,6 +46,13 @@ fn tree(root: &Path) -> Tree {
     out
 }
 
+/// A `file://` replica in a new temporary directory (removed with the guard), and its URL.
+fn file_replica() -> (tempfile::TempDir, String) {
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    (rep, url)
+}
+
 /// A mount with replicas, driven through the binary with `env` set.
 struct Mounted {
     dir: tempfile::TempDir,
@@ -208,6 +215,15 @@ impl Drop for Mounted {
     }
 }
 
+/// A replicated mount holding the memory tool's `memories` directory, and the state it starts
+/// in.
+fn started(url: &str) -> (Mounted, States) {
+    let m = Mounted::new(url, &[]);
+    std::fs::create_dir(m.mp.join("memories")).unwrap();
+    let states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    (m, states)
+}
+
 /// One operation of a session (the kinds an agent's memory tool does), `i` picks it.
 fn op(mp: &Path, i: usize) {
     let d = mp.join("memories");
@@ -287,8 +303,7 @@ fn a_file_replica_restores_a_lost_machine_and_any_commit() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     lose_and_restore(&url, &[], &|_, _| {});
 }
 
@@ -308,8 +323,7 @@ fn both_sdks_sessions_on_a_replicated_mount_restore_byte_for_byte() {
         clients.join("node_modules/@anthropic-ai/sdk").is_dir() && python.exists(),
         "the pinned SDKs are not installed: run tests/clients/setup.sh first"
     );
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     let mut m = Mounted::new(&url, &[]);
     for (base, program, script) in [
         ("node", PathBuf::from("node"), "run_session.mjs"),
@@ -359,8 +373,7 @@ fn a_daemon_killed_mid_upload_leaves_a_restorable_replica() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     let mut m = Mounted::new(&url, &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     let mut states = vec![(0, tree(&m.mp))];
@@ -415,11 +428,8 @@ fn a_restart_continues_the_generation() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    let mut m = Mounted::new(&url, &[]);
-    std::fs::create_dir(m.mp.join("memories")).unwrap();
-    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    let (_rep, url) = file_replica();
+    let (mut m, mut states) = started(&url);
     session(&m, 0, 15, &mut states);
     m.unmount();
     let first = generations(&m, &url);
@@ -450,11 +460,8 @@ fn a_crash_and_remount_keep_the_replica_whole() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    let mut m = Mounted::new(&url, &[]);
-    std::fs::create_dir(m.mp.join("memories")).unwrap();
-    let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
+    let (_rep, url) = file_replica();
+    let (mut m, mut states) = started(&url);
     session(&m, 0, 10, &mut states);
     m.caught_up();
     m.kill();
@@ -473,11 +480,8 @@ fn an_offline_change_starts_a_new_generation() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    let mut m = Mounted::new(&url, &[]);
-    std::fs::create_dir(m.mp.join("memories")).unwrap();
-    let mut states = Vec::new();
+    let (_rep, url) = file_replica();
+    let (mut m, mut states) = started(&url);
     session(&m, 0, 5, &mut states);
     m.unmount();
     let src = m.dir.path().join("offline");
@@ -507,11 +511,8 @@ fn a_restored_store_starts_its_own_generation() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    let mut m = Mounted::new(&url, &[]);
-    std::fs::create_dir(m.mp.join("memories")).unwrap();
-    let mut states = Vec::new();
+    let (_rep, url) = file_replica();
+    let (mut m, mut states) = started(&url);
     session(&m, 0, 5, &mut states);
     m.unmount();
     let store = m.store.to_str().unwrap().to_string();
@@ -537,8 +538,7 @@ fn another_store_on_the_url_makes_the_next_mount_start_a_new_generation() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     let mut a = Mounted::new(&url, &[]);
     std::fs::create_dir(a.mp.join("memories")).unwrap();
     let mut states = Vec::new();
@@ -562,8 +562,7 @@ fn a_large_file_ships_without_a_new_generation() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     let m = Mounted::new(&url, &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     m.caught_up();
@@ -587,8 +586,7 @@ fn old_generations_are_pruned_on_schedule() {
     if !fuse_available() {
         return;
     }
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
+    let (_rep, url) = file_replica();
     let options = [
         "--replica",
         url.as_str(),
