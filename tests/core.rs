@@ -800,3 +800,30 @@ fn spilled_content_reads_writes_truncates_and_commits_as_buffered_content() {
     assert_eq!(read_all(&fs, inode.ino), want);
     assert_eq!(fs.open_counts().1, 0, "no buffered memory left");
 }
+
+/// An `Fs` over a store opened read-only serves what the store holds and refuses every
+/// change with EROFS, and the store file's bytes stay as they were.
+#[test]
+fn a_read_only_store_serves_reads_and_refuses_changes() {
+    let (dir, fs) = new_fs();
+    let ino = write_file(&fs, ROOT_INO, "kept.md", b"kept");
+    drop(fs);
+    let path = dir.path().join("s.redb");
+    let before = std::fs::read(&path).unwrap();
+    let fs = Fs::new(Store::open_read_only(&path).unwrap(), Limits::default()).unwrap();
+    assert!(fs.is_read_only());
+    assert_eq!(fs.lookup(ROOT_INO, b"kept.md").unwrap().ino, ino);
+    assert_eq!(read_all(&fs, ino), b"kept");
+    let erofs = |e: Error| assert_eq!(e.errno(), libc::EROFS, "{e}");
+    erofs(fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap_err());
+    erofs(
+        fs.create(ME, ROOT_INO, b"new.md", 0o600, 0, libc::O_WRONLY)
+            .unwrap_err(),
+    );
+    erofs(fs.unlink(ME, ROOT_INO, b"kept.md").unwrap_err());
+    drop(fs);
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the store file changed"
+    );
+}

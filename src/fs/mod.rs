@@ -268,8 +268,6 @@ pub struct Fs {
     reserved: AtomicU64,
     /// Bytes of memory open files' buffers hold, kept under `--max-buffer`.
     buffered: AtomicU64,
-    /// A read-only mount: no change is ever committed.
-    read_only: bool,
     /// Orphans that may have lost their last reference or handle, to reclaim in a batch.
     reclaims: Mutex<Vec<u64>>,
 }
@@ -294,22 +292,11 @@ fn return_freed_memory() {
 }
 
 impl Fs {
-    /// Wraps an open store, reclaiming the orphans a crash left behind.
+    /// Wraps an open store, reclaiming the orphans a crash left behind. Over a store opened
+    /// read-only (a read-only mount) every change is refused with EROFS and nothing is
+    /// committed, not even access times or the reclaiming of orphans.
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {
-        let fs = Fs::build(store, limits, false);
-        fs.reclaim_orphans()?;
-        Ok(fs)
-    }
-
-    /// Wraps an open store for a read-only mount: every change is refused with EROFS and
-    /// nothing is committed, not even access times or the reclaiming of orphans.
-    pub fn new_read_only(store: Store, limits: Limits) -> Fs {
-        Fs::build(store, limits, true)
-    }
-
-    fn build(store: Store, limits: Limits, read_only: bool) -> Fs {
-        Fs {
-            read_only,
+        let fs = Fs {
             reclaims: Mutex::new(Vec::new()),
             store,
             tracker: Tracker::new(limits.lost_updates),
@@ -323,17 +310,19 @@ impl Fs {
             lifetimes: Lifetimes::default(),
             reserved: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
-        }
+        };
+        fs.reclaim_orphans()?;
+        Ok(fs)
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only
+        self.store.is_read_only()
     }
 
     /// Deletes every orphan: at open, those a crash left; at unmount, those the kernel still
     /// referenced when it let go of the mount.
     pub fn reclaim_orphans(&self) -> Result<()> {
-        if self.read_only {
+        if self.is_read_only() {
             return Ok(());
         }
         let fs = self;
@@ -374,7 +363,7 @@ impl Fs {
     }
 
     pub(super) fn writable(&self) -> Result<()> {
-        if self.read_only {
+        if self.is_read_only() {
             Err(Error::ReadOnly)
         } else if self.is_poisoned() {
             Err(Error::Poisoned)

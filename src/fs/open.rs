@@ -309,7 +309,7 @@ impl Fs {
     pub(super) fn refresh_atime(&self, stored: Inode) -> Result<()> {
         let now = now_ns();
         let stale = |i: &Inode| now - i.atime > ATIME_INTERVAL_NS;
-        if self.read_only || self.is_poisoned() || !stale(&stored) {
+        if self.is_read_only() || self.is_poisoned() || !stale(&stored) {
             return Ok(());
         }
         let mut w = self.store.write()?;

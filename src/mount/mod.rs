@@ -473,9 +473,6 @@ fn open_fs(
             .map_err(|e| e.to_string())?,
         (None, Some(_)) => {}
     }
-    if req.read_only {
-        return Ok(Arc::new(Fs::new_read_only(store, limits)));
-    }
     Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
 }
 
