@@ -63,6 +63,16 @@ pub struct Target {
     prefix: ObjPath,
 }
 
+/// rustls's process-wide crypto provider: ring (Cargo.toml says why not aws-lc-rs). reqwest
+/// is built without a provider of its own and panics on a client built before one is set.
+fn install_tls_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err means one is already installed, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// Retries and timeouts of requests to a service: short enough that an outage shows within
 /// seconds (and an unmount waits for at most one attempt), long enough for a slow link.
 fn client() -> (object_store::RetryConfig, object_store::ClientOptions) {
@@ -83,6 +93,7 @@ impl Target {
     /// environment, such as `AWS_ENDPOINT_URL`) or `file:///path` (created if missing). Nothing
     /// is contacted yet.
     pub fn open(url: &str) -> Result<Target, String> {
+        install_tls_provider();
         let bad = |e: &dyn std::fmt::Display| format!("replica {url}: {e}");
         let parsed = url::Url::parse(url).map_err(|e| bad(&e))?;
         let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(&e))?;
