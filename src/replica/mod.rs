@@ -322,6 +322,8 @@ impl Target {
                     .map_err(|()| bad(&"not a local path"))?;
                 if create {
                     std::fs::create_dir_all(&dir).map_err(|e| bad(&e))?;
+                } else if std::fs::metadata(&dir).is_err() {
+                    return Err(bad(&"no such directory"));
                 }
                 // Directories emptied by a removal go too: a local listing names every
                 // directory, and a pruned generation must not stay listed.

@@ -182,15 +182,19 @@ impl Replication {
         let mut left = threads.len();
         while left > 0 {
             let wait = deadline.saturating_duration_since(Instant::now());
-            if ended.recv_timeout(wait).is_err() {
-                tracing::warn!("a replica's last upload did not end in time; it is abandoned");
-                break;
+            match ended.recv_timeout(wait) {
+                Ok(()) => left -= 1,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    tracing::warn!("a replica's last upload did not end in time; it is abandoned");
+                    break;
+                }
+                // Every thread has ended (one without saying so: see below).
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             }
-            left -= 1;
         }
         for t in threads {
-            if t.is_finished() {
-                let _ = t.join();
+            if t.is_finished() && t.join().is_err() {
+                tracing::error!("a replica's shipping thread failed");
             }
         }
         let commits = self.fs.store().log_state().0;
@@ -284,9 +288,11 @@ impl Shipper {
             if stopping {
                 // The last upload: what the feed holds, bounded as a whole; no new generation.
                 if !self.outage && self.generation.is_some() {
-                    let last = tokio::time::timeout(io_timeout(), self.ship_pending());
+                    // The timer is made inside the runtime, which it needs.
                     let result = rt
-                        .block_on(last)
+                        .block_on(async {
+                            tokio::time::timeout(io_timeout(), self.ship_pending()).await
+                        })
                         .unwrap_or_else(|_| Err("the last upload took too long".into()));
                     self.report(result);
                 }
