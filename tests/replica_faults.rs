@@ -295,6 +295,54 @@ fn a_huge_segment_or_a_fifo_is_refused_unread() {
     refuses_and_names(&url, "not a regular file");
 }
 
+/// A FIFO planted as the next segment of a live replica: the next mount reads the chain
+/// (to continue it), refuses the FIFO instead of blocking on it, starts a new generation,
+/// and its unmount returns.
+#[test]
+fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rep = dir.path().join("replica");
+    let url = format!("file://{}", rep.display());
+    let (last, _) = ship_session(dir.path(), &rep, 3);
+    let g = newest_generation(&rep);
+    let next = last + 1;
+    let fifo = g.join(format!("segments/{next:020}-{:020}.seg", next + 1));
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mp = dir.path().join("mnt");
+    let store = dir.path().join("mnt.redb");
+    let out = run(
+        &[
+            "mount",
+            mp.to_str().unwrap(),
+            "--store",
+            store.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", err_of(&out));
+    std::fs::write(mp.join("after.md"), "after the fifo\n").unwrap();
+    let out = run(&["unmount", mp.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", err_of(&out));
+    let v = ls_json(&url);
+    assert_eq!(v["generations"].as_array().unwrap().len(), 2, "{v}");
+    let (out, restored, _d) = restore(&url, &[]);
+    assert!(out.status.success(), "{}", err_of(&out));
+    assert_eq!(content(&restored, "after.md"), "after the fifo\n");
+}
+
+/// The newest generation's directory.
+fn newest_generation(replica: &Path) -> PathBuf {
+    let mut gens: Vec<PathBuf> = std::fs::read_dir(replica.join("generations"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    gens.sort();
+    gens.pop().unwrap()
+}
+
 /// Records recomputed with valid checksums (the log id is in the manifest) but entries redb
 /// would panic on: refused with the segment and the byte offset; no panic, nothing left.
 #[test]
@@ -551,6 +599,12 @@ fn a_replica_deleted_under_a_mount_starts_a_new_generation() {
         1,
         "{logged}"
     );
+    let out = run(&["status", store.to_str().unwrap()], &[]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("replica:    {url} (ships when mounted)")),
+        "an unmounted store lists its replicas: {said}"
+    );
     let (out, restored, _d) = restore(&url, &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     assert_eq!(content(&restored, "b.md"), "after the loss\n");
@@ -665,7 +719,18 @@ fn mutated_segments_never_panic_decode_or_apply() {
         .map(|(a, b, p)| (*a, *b, std::fs::read(p).unwrap()))
         .collect();
     let work = tempfile::tempdir().unwrap();
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ std::process::id() as u64;
+    // A new seed each run (REDBFS_FUZZ_SEED repeats one), named in any failure.
+    let seed = std::env::var("REDBFS_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+        | 1;
+    let mut rng = seed;
     let mut next = move || {
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -693,15 +758,19 @@ fn mutated_segments_never_panic_decode_or_apply() {
         if next() % 2 == 0 {
             bytes = rechecksum(&bytes, id);
         }
-        let Ok(records) = redbfs::store::decode_segment(id, &bytes, *first, *last) else {
-            continue;
-        };
-        decoded += 1;
         let file = work.path().join(format!("case-{case}.redb"));
-        std::fs::copy(g.join("snapshot.redb"), &file).unwrap();
-        if redbfs::store::apply_records(&file, &records).is_ok() {
-            applied += 1;
-        }
+        let outcome = std::panic::catch_unwind(|| {
+            let Ok(records) = redbfs::store::decode_segment(id, &bytes, *first, *last) else {
+                return (0, 0);
+            };
+            std::fs::copy(g.join("snapshot.redb"), &file).unwrap();
+            let ok = redbfs::store::apply_records(&file, &records).is_ok();
+            (1, ok as usize)
+        });
+        let Ok((d, a)) = outcome else {
+            panic!("case {case} panicked (REDBFS_FUZZ_SEED={seed})");
+        };
+        (decoded, applied) = (decoded + d, applied + a);
         let _ = std::fs::remove_file(&file);
     }
     assert!(

@@ -743,3 +743,53 @@ fn runtime() -> Result<Io, String> {
         .map(|rt| Io { rt: Some(rt) })
         .map_err(|e| format!("starting the replica's I/O runtime: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_with_credentials_are_refused_and_shown_redacted() {
+        for url in [
+            "s3://ID:Secret@bucket/p",
+            "s3://ID@bucket/p",
+            "s3://bucket/p?token=Secret",
+            "az://container/p?sv=2020&sig=Secret",
+        ] {
+            let e = check_url(url).unwrap_err();
+            assert!(!e.contains("Secret"), "{e}");
+            assert!(e.contains("environment"), "{e}");
+        }
+        assert!(check_url("s3://bucket/agents/alice").is_ok());
+        assert!(check_url("file:///var/backup/memory").is_ok());
+        assert_eq!(redact("s3://ID:Secret@bucket/p"), "s3://***@bucket/p");
+        assert_eq!(redact("s3://bucket/p"), "s3://bucket/p");
+        assert!(!redact("s3://bucket/p?token=Secret").contains("Secret"));
+    }
+
+    #[test]
+    fn errors_are_scrubbed_of_user_info() {
+        let e = "error sending request for url (http://user:pw@127.0.0.1:9/bucket/x): refused";
+        assert_eq!(
+            scrub(e),
+            "error sending request for url (http://***@127.0.0.1:9/bucket/x): refused"
+        );
+        assert_eq!(scrub("no url here"), "no url here");
+    }
+
+    #[test]
+    fn only_a_shippers_names_are_taken() {
+        assert!(is_generation_name("01796182898594495904-edac66a3"));
+        assert!(!is_generation_name("01796182898594495904-EDAC66A3"));
+        assert!(!is_generation_name("../../etc"));
+        assert_eq!(
+            parse_segment_name("00000000000000000005-00000000000000000009.seg"),
+            Some((5, 9))
+        );
+        assert_eq!(
+            parse_segment_name("00000000000000000009-00000000000000000005.seg"),
+            None
+        );
+        assert_eq!(parse_segment_name("5-9.seg"), None);
+    }
+}
