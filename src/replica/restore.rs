@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{Link, Manifest, SegmentError, Target, runtime};
+use super::{Link, Manifest, ReadError, Target, runtime};
 use crate::store::{Rebuild, VerifiedRecord};
 
 /// Which state of the store to restore.
@@ -124,12 +124,12 @@ pub async fn walk(
         }
         let records = match target.read_segment(m, link).await {
             Ok(r) => r,
-            Err(SegmentError::Bad(reason)) => {
+            Err(ReadError::Bad(reason)) => {
                 let name = format!("{}/{}", m.generation, link.name());
                 w.broken = Some(fault(Some(name), reason, &w));
                 return Ok(w);
             }
-            Err(SegmentError::Unreachable(e)) => return Err(e),
+            Err(ReadError::Unreachable(e)) => return Err(e),
         };
         w.segments += 1;
         let fresh: Vec<VerifiedRecord> =
@@ -265,8 +265,8 @@ async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String>
     };
     let manifest = match target.manifest(name).await {
         Ok(m) => m,
-        Err(e) if e.contains("no answer within") => return Err(e),
-        Err(e) => {
+        Err(ReadError::Unreachable(e)) => return Err(e),
+        Err(ReadError::Bad(e)) => {
             info.problem = Some(e);
             return Ok(info);
         }
