@@ -102,7 +102,7 @@ pub fn remember(
         super::check_url(url).map_err(|e| {
             format!("{e} (the store keeps this URL: mount with --replica none to drop it)")
         })?;
-        super::Target::open(url)?;
+        super::Target::check(url)?;
     }
     if settings.interval_ns == 0 {
         return Err("--replica-interval must be more than 0".into());

@@ -315,6 +315,20 @@ impl Target {
         Target::open_with(url, false)
     }
 
+    /// Checks that `url` names a replica `open` can reach (its form, no credentials in it),
+    /// touching nothing: a `file://` directory on a hung share cannot hold the caller.
+    pub fn check(url: &str) -> Result<(), String> {
+        check_url(url)?;
+        let parsed = url::Url::parse(url).map_err(|e| format!("replica {}: {e}", redact(url)))?;
+        if parsed.scheme() == "file" {
+            return parsed
+                .to_file_path()
+                .map(drop)
+                .map_err(|()| format!("replica {}: not a local path", redact(url)));
+        }
+        Target::open_with(url, false).map(drop)
+    }
+
     fn open_with(url: &str, create: bool) -> Result<Target, String> {
         install_tls_provider();
         check_url(url)?;
@@ -661,22 +675,23 @@ impl Target {
         let bytes = self
             .get_bounded(&path, limit, Some(link.size))
             .await?
-            .ok_or_else(|| ReadError::Unreachable(format!("{path}: gone while being read")))?;
+            .ok_or_else(|| ReadError::Bad(format!("{path}: listed, but gone when read")))?;
         crate::store::decode_segment(m.log_id, &bytes, link.first, link.last)
             .map_err(|f| ReadError::Bad(f.to_string()))
     }
 
     /// Removes every object of a generation.
     async fn remove_generation(&self, generation: &str) -> Result<(), String> {
+        // The manifest first: without it the generation is no longer offered for restore, and
+        // a reader that sees its objects vanish finds it unfinished, not broken.
+        self.delete(&self.gen_path(generation, "manifest.json"))
+            .await?;
         for link in self.segments(generation).await? {
             self.delete(&self.gen_path(generation, &link.name()))
                 .await?;
         }
-        // The manifest first: without it the generation is no longer offered for restore.
-        for name in ["manifest.json", "snapshot.redb"] {
-            self.delete(&self.gen_path(generation, name)).await?;
-        }
-        Ok(())
+        self.delete(&self.gen_path(generation, "snapshot.redb"))
+            .await
     }
 
     async fn delete(&self, path: &ObjPath) -> Result<(), String> {

@@ -244,7 +244,22 @@ pub fn list(url: &str, only: Option<&str>) -> Result<Vec<GenerationInfo>, String
             return Err(format!("{}: holds no generation {g}", target.shown()));
         }
         for name in names.iter().filter(|n| only.is_none_or(|g| g == *n)) {
-            out.push(describe(&target, name).await?);
+            let described = describe(&target, name).await;
+            // Sound, or unfinished from the start: as described.
+            if described
+                .as_ref()
+                .is_ok_and(|g| g.commit.is_none() || (g.broken.is_none() && g.problem.is_none()))
+            {
+                out.push(described?);
+                continue;
+            }
+            // A mount pruning the generation meanwhile (manifest first) is no damage.
+            match target.manifest(name).await {
+                Ok(None) => {
+                    tracing::info!(generation = %name, "a generation went while being read (pruned)");
+                }
+                _ => out.push(described?),
+            }
         }
         Ok(out)
     })

@@ -103,17 +103,15 @@ impl Replication {
         if settings.urls.is_empty() || fs.is_read_only() {
             return Ok(None);
         }
-        let targets: Vec<Target> = settings
-            .urls
-            .iter()
-            .map(|u| Target::open(u))
-            .collect::<Result<_, _>>()?;
+        // Each URL's form was checked when the store opened; a `file://` directory is made
+        // and opened on the shipper's own thread, so a hung share never holds the mount.
+        let urls = settings.urls.clone();
         // Attached when the store opened (`config::remember`), so `at` is where it was then.
         let at = fs
             .store()
-            .attach_feeds(targets.len())
+            .attach_feeds(urls.len())
             .map_err(|e| format!("starting the replicas' feeds: {e}"))?;
-        if at.feeds.len() != targets.len() {
+        if at.feeds.len() != urls.len() {
             return Err("the replicas changed since the store opened".into());
         }
         let stop = Arc::new(Stop::default());
@@ -125,32 +123,36 @@ impl Replication {
             ended: Mutex::new(ended),
             lags: Vec::new(),
         };
-        for (i, (target, feed)) in targets.into_iter().zip(at.feeds.clone()).enumerate() {
+        for (i, (url, feed)) in urls.into_iter().zip(at.feeds.clone()).enumerate() {
             let lag = Arc::new(Mutex::new(Lag {
-                url: target.url.clone(),
+                url: url.clone(),
                 ..Lag::default()
             }));
             r.lags.push((lag.clone(), feed.clone()));
-            let shipper = Shipper {
-                fs: fs.clone(),
-                target,
-                feed,
-                from: (at.from, at.from_time),
-                settings: settings.clone(),
-                lag,
-                generation: None,
-                pruned: None,
-                checked: None,
-                outage: false,
-                scratch: scratch_path(fs.store().path(), i),
-            };
-            tracing::info!(replica = %shipper.target.shown(), "replicating to");
-            let stop = stop.clone();
-            let ended = ended_tx.clone();
+            tracing::info!(replica = %super::redact(&url), "replicating to");
+            let (fs, settings, stop, ended) =
+                (fs.clone(), settings.clone(), stop.clone(), ended_tx.clone());
+            let from = (at.from, at.from_time);
             let t = std::thread::Builder::new()
                 .name(format!("replica-{i}"))
                 .spawn(move || {
-                    shipper.run(&stop);
+                    if let Some(target) = open_target(&url, &lag, &settings, &stop) {
+                        let scratch = scratch_path(fs.store().path(), i);
+                        let shipper = Shipper {
+                            fs,
+                            target,
+                            feed,
+                            from,
+                            settings,
+                            lag,
+                            generation: None,
+                            pruned: None,
+                            checked: None,
+                            outage: false,
+                            scratch,
+                        };
+                        shipper.run(&stop);
+                    }
                     let _ = ended.send(());
                 })
                 .map_err(|e| format!("starting the replica thread: {e}"))?;
@@ -236,6 +238,30 @@ impl Replication {
             })
             .collect();
         Value::Array(list)
+    }
+}
+
+/// Opens the replica at `url` (making a `file://` directory), trying again every interval
+/// while it fails (the error shows in `status`, and is logged once); None once stopping.
+fn open_target(url: &str, lag: &Mutex<Lag>, settings: &Settings, stop: &Stop) -> Option<Target> {
+    let mut logged = false;
+    loop {
+        match Target::open(url) {
+            Ok(t) => {
+                lock(lag).error = None;
+                return Some(t);
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(replica = %super::redact(url), error = %e, "cannot open the replica; trying again every interval");
+                    logged = true;
+                }
+                lock(lag).error = Some(e);
+            }
+        }
+        if stop.wait(settings.interval()) {
+            return None;
+        }
     }
 }
 
