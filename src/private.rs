@@ -169,11 +169,7 @@ pub fn escape(raw: &[u8]) -> String {
         for c in chunk.valid().chars() {
             match c {
                 '\\' => out.push_str("\\\\"),
-                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                    out.push_str(&format!("\\x{:02x}", c as u32))
-                }
-                c if invisible(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-                c => out.push(c),
+                c => push_shown(&mut out, c),
             }
         }
         for b in chunk.invalid() {
@@ -181,6 +177,25 @@ pub fn escape(raw: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Text printed on a terminal (a process name, a message that may quote what `escape` already
+/// made safe): control and invisible characters escaped as by `escape`, a backslash left as it
+/// is, so escaping twice changes nothing.
+pub fn escape_controls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        push_shown(&mut out, c);
+    }
+    out
+}
+
+fn push_shown(out: &mut String, c: char) {
+    match c {
+        c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if invisible(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
 }
 
 /// C1 controls, format characters (Unicode category Cf), line and paragraph separators, and
@@ -209,6 +224,9 @@ mod tests {
         assert_eq!(escape(b"a\nb\\c"), "a\\x0ab\\\\c");
         assert_eq!(escape(b"bad\xffbyte"), "bad\\xffbyte");
         assert_eq!(escape("\u{2028}\u{9b}".as_bytes()), "\\u{2028}\\u{9b}");
+        let once = escape_controls("a\\b\x1b]0;X\x07\u{202e}");
+        assert_eq!(once, "a\\b\\x1b]0;X\\x07\\u{202e}");
+        assert_eq!(escape_controls(&once), once);
     }
 
     #[test]

@@ -40,7 +40,12 @@ pub fn main() -> i32 {
         }
     };
     let cli = Cli::parse_from(args);
-    match run(cli.cmd) {
+    let res = run(cli.cmd);
+    if output::stdout_closed() {
+        // The reader went away (`| head`): the command unwound; it ends as SIGPIPE ends tools.
+        output::reader_gone();
+    }
+    match res {
         Ok(code) => code,
         Err(e) => {
             output::error(&e);

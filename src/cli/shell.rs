@@ -3,17 +3,16 @@
 //! the same ones that parse the command line, so neither can name a command or flag the
 //! parser does not know.
 
-use std::io::Write;
-
 use clap::CommandFactory;
 
 use super::args::{Cli, Completions, Man};
+use super::output;
 
 pub(super) fn completions(a: Completions) -> Result<i32, String> {
     let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "redbfs", &mut out);
-    write_stdout(&out)?;
+    output::data(&out)?;
     Ok(0)
 }
 
@@ -42,14 +41,6 @@ pub(super) fn man(a: Man) -> Result<i32, String> {
     };
     let mut out = Vec::new();
     page(chosen).render(&mut out).map_err(|e| e.to_string())?;
-    write_stdout(&out)?;
+    output::data(&out)?;
     Ok(0)
-}
-
-fn write_stdout(bytes: &[u8]) -> Result<(), String> {
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(bytes)
-        .and_then(|()| stdout.flush())
-        .map_err(|e| format!("stdout: {e}"))
 }
