@@ -3,6 +3,9 @@
 //! socket, a snapshot and its temporary file, an export) is created here with mode 0600
 //! whatever the umask, with `O_NOFOLLOW`, and with `O_EXCL` where it must be new; a store
 //! is kept only in a directory no other user can plant a file in (see `check_store_dir`).
+//! The one kind of file meant for others, a page written into a directory (`redbfs man
+//! --out-dir`), is mode 0644 and replaces what is at its name, never writing through it
+//! (`publish`).
 //!
 //! Also here: `escape`, which makes a name from a hostile tree safe to show on a terminal.
 
@@ -38,6 +41,45 @@ pub fn describe(path: &Path, e: io::Error) -> String {
 /// a symlink included.
 pub fn create_new(path: &Path) -> io::Result<File> {
     opts().read(true).write(true).create_new(true).open(path)
+}
+
+/// Writes `bytes` as `dir/name`, mode 0644 whatever the umask: under a new temporary name made
+/// relative to `dir`'s descriptor (`O_EXCL|O_NOFOLLOW`), then renamed over `name`. A symlink
+/// or hard link planted at `name` is replaced, never followed or written through; a reader
+/// finds the old page or the new one, whole.
+pub fn publish(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    use nix::fcntl::{OFlag, open, openat, renameat};
+    use nix::sys::stat::Mode;
+    use std::io::Write;
+    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", dir.join(name).display());
+    let dirfd = open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = format!(".{name}.tmp-{}", std::process::id());
+    let fd = openat(
+        &dirfd,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| shown(&e))?;
+    let mut f = File::from(fd);
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(0o644)))
+        .map_err(|e| shown(&e))
+        .and_then(|()| renameat(&dirfd, tmp.as_str(), &dirfd, name).map_err(|e| shown(&e)));
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(
+            &dirfd,
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+    written
 }
 
 /// Creates the output file of a tool (`export --tar FILE`): new, mode 0600, never through a

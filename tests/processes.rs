@@ -282,3 +282,88 @@ fn process_names_are_printed_escaped_and_a_closed_pipe_ends_quietly() {
         assert!(err.is_empty(), "{args:?} into a closed pipe said: {err}");
     }
 }
+
+/// `redbfs status --json`'s daemon pid.
+fn daemon_pid(m: &TestMount) -> u32 {
+    let out = Command::new(redbfs_bin())
+        .args(["status", "--json"])
+        .arg(&m.mountpoint)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["pid"].as_u64().expect("the daemon's pid") as u32
+}
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+    })
+}
+
+#[test]
+fn unmount_without_the_daemons_answer_leaves_the_mount_alone() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::write(m.path("kept.md"), "still served").unwrap();
+    let pid = daemon_pid(&m);
+    let unmount_as = |uid: Option<u32>| {
+        let mut c = Command::new(redbfs_bin());
+        c.arg("unmount").arg(&m.mountpoint);
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            c.uid(uid).gid(uid).current_dir("/");
+        }
+        c.output().unwrap()
+    };
+
+    // Another user meets root's socket (mode 0600): permission, not a stale mount.
+    let out = unmount_as(Some(65534));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("permission denied"), "{err}");
+    assert!(err.contains("left as it is"), "{err}");
+
+    // The control socket gone: the daemon still serves the mount and holds the store.
+    let mut socket = m.store.clone().into_os_string();
+    socket.push(".sock");
+    std::fs::remove_file(&socket).unwrap();
+    let out = unmount_as(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not answer on the control socket"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("pid {pid}")), "{err}");
+    assert!(err.contains(&format!("kill -TERM {pid}")), "{err}");
+    assert!(running(pid), "the daemon was stopped");
+    assert_eq!(
+        std::fs::read_to_string(m.path("kept.md")).unwrap(),
+        "still served",
+        "the mount was detached"
+    );
+
+    // What the message says to do unmounts and closes the store.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for _ in 0..2000 {
+        if !running(pid) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!running(pid), "the daemon did not stop on SIGTERM");
+    let out = unmount_as(None);
+    assert!(!out.status.success(), "nothing is mounted any more");
+    m.mount_after_crash();
+    assert_eq!(
+        std::fs::read_to_string(m.path("kept.md")).unwrap(),
+        "still served"
+    );
+}

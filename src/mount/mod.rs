@@ -29,6 +29,7 @@ use table::{clear_stale, is_stale};
 
 use crate::control::{self, Daemon};
 use crate::fs::{Fs, Limits};
+use crate::process::ProcessId;
 use crate::store::{Store, StoreError};
 
 /// Everything `redbfs mount` was asked.
@@ -548,11 +549,15 @@ impl MountRequest {
     }
 }
 
-/// Whether any thread of process `pid` still runs. A zombie thread has closed its files, but
-/// the leader can turn zombie while other threads are still exiting and still hold the store,
-/// so every thread counts.
-fn process_alive(pid: u64) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+/// Whether daemon process `d` still runs: the same process (its pid and start time), with a
+/// thread that is not a zombie. A zombie thread has closed its files, but the leader can turn
+/// zombie while other threads are still exiting and still hold the store, so every thread
+/// counts.
+fn daemon_running(d: ProcessId) -> bool {
+    if !d.alive() {
+        return false;
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", d.pid)) else {
         return false;
     };
     tasks.filter_map(|t| t.ok()).any(|t| {
@@ -594,6 +599,8 @@ fn refuse_if_inside(mp: &Path) -> Result<(), String> {
 }
 
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
+/// Succeeds only then, or when the mount's daemon is gone (a stale mount, cleared); a live
+/// mount whose daemon does not answer is left alone, with what was found.
 pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     let mp = absolute(mountpoint)?;
     let Some(store) = redbfs_mount_at(&mp) else {
@@ -604,39 +611,107 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
     refuse_if_inside(&mp)?;
-    match control::Client::connect(&store) {
-        Ok(mut c) => {
-            let pid = c
-                .call(&serde_json::json!({"op": "status"}))?
-                .get("pid")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or("the daemon did not say its pid")?;
-            match c.call(&serde_json::json!({"op": "unmount"})) {
-                Ok(_) => {}
-                // The daemon may exit before its answer is written; the mount being gone is
-                // the answer then.
-                Err(_) if redbfs_mount_at(&mp).is_none() => {}
-                Err(e) => return Err(e),
-            }
-            // Returns once the daemon process has exited, which is when the store is closed.
-            for _ in 0..60_000 {
-                if !process_alive(pid) {
-                    return Ok(format!("unmounted {}", mp.display()));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(format!(
-                "{} was unmounted but the daemon (pid {pid}) has not exited",
-                mp.display()
-            ))
-        }
-        Err(_) => {
-            // No daemon answers: the mount is stale or the daemon is wedged.
-            clear_stale(&mp)?;
-            Ok(format!(
-                "detached {} (its daemon did not answer)",
-                mp.display()
-            ))
-        }
+    let mut c = match control::Client::connect(&store) {
+        Ok(c) => c,
+        Err(e) => return no_answer(&mp, &store, e),
+    };
+    let pid = c
+        .call(&serde_json::json!({"op": "status"}))?
+        .get("pid")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("the daemon did not say its pid")?;
+    // The daemon as a process, not a number another process may be handed once it exits.
+    let daemon = crate::process::stat(pid).map(|s| ProcessId {
+        pid,
+        start: s.start,
+    });
+    match c.call(&serde_json::json!({"op": "unmount"})) {
+        Ok(_) => {}
+        // The daemon may exit before its answer is written; the mount being gone is the
+        // answer then.
+        Err(_) if redbfs_mount_at(&mp).is_none() => {}
+        Err(e) => return Err(e),
     }
+    // Returns once the daemon process has exited, which is when the store is closed.
+    for _ in 0..60_000 {
+        if !daemon.is_some_and(daemon_running) {
+            return Ok(format!("unmounted {}", mp.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(format!(
+        "{} was unmounted but the daemon (pid {pid}) has not exited",
+        mp.display()
+    ))
+}
+
+/// `unmount` of a mount whose daemon did not take the control connection (`e`). A mount that
+/// no longer answers lost its daemon and is cleared; any other is left as it is, with why:
+/// the socket belongs to another user, or a live daemon does not answer on it.
+fn no_answer(mp: &Path, store: &Path, e: std::io::Error) -> Result<String, String> {
+    if is_stale(mp) {
+        clear_stale(mp)?;
+        return Ok(format!(
+            "cleared a stale mount at {} (its daemon had exited)",
+            mp.display()
+        ));
+    }
+    let socket = control::socket_path(store);
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        let owner = std::fs::metadata(&socket)
+            .map(|m| format!("uid {}", m.uid()))
+            .unwrap_or_else(|_| "another user".into());
+        return Err(format!(
+            "{}: permission denied on its daemon's control socket {} ({owner}): only the user \
+             who mounted it, or root, can unmount it. The mount is left as it is",
+            mp.display(),
+            socket.display()
+        ));
+    }
+    let holders = processes_holding(store);
+    let found = if holders.is_empty() {
+        format!(
+            "no process of this user holds its store {}",
+            store.display()
+        )
+    } else {
+        let pids: Vec<String> = holders.iter().map(u32::to_string).collect();
+        format!(
+            "its daemon, pid {}, still holds the store {}; `kill -TERM {}` makes it unmount \
+             and close the store",
+            pids.join(", "),
+            store.display(),
+            pids.join(" ")
+        )
+    };
+    Err(format!(
+        "{}: the mount answers but its daemon does not answer on the control socket {} ({e}): \
+         {found}. The mount is left as it is",
+        mp.display(),
+        socket.display()
+    ))
+}
+
+/// The processes (of those /proc shows this user) with `store` open, by the file's identity.
+fn processes_holding(store: &Path) -> Vec<u32> {
+    let Ok(want) = std::fs::metadata(store).map(|m| (m.dev(), m.ino())) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .filter_map(|fd| fd.ok())
+                .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == want))
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
 }
