@@ -337,6 +337,8 @@ fn run_daemon(mut req: MountRequest) -> Result<(), String> {
     res
 }
 
+/// The daemon's life from checks to a closed store: checks and opens what it needs, serves
+/// the control socket, mounts, serves the session until unmount, then closes the store.
 fn run_daemon_inner(
     req: &MountRequest,
     created: &mut Created,
@@ -352,16 +354,64 @@ fn run_daemon_inner(
     let fuse_device = open_fuse_device()?;
     let fs = open_fs(req, &store_path, created)?;
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
+    let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
+    // From here the control thread holds the filesystem: a failure gives it back, so the store
+    // closes (and its write-ahead log goes) before what this attempt created is removed.
+    let give_back = |e: String| {
+        let _ = std::fs::remove_file(&socket);
+        drop(daemon.take_fs());
+        e
+    };
+    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
 
-    let unmount_mp = mp.clone();
+    let source = format!("redbfs:{}", store_path.display());
+    let (other, ro) = (req.allow_other, req.read_only);
+    let mounted = match kernel_mount(&mp, &source, other, ro, fuse_device) {
+        Ok(Some(fd)) => Ok(fd),
+        Ok(None) => fusermount_mount(&mp, &source, other, ro),
+        Err(e) => Err(e),
+    };
+    let fd = match mounted {
+        Ok(fd) => fd,
+        Err(e) => {
+            let e = give_back(e);
+            close_store(fs);
+            return Err(e);
+        }
+    };
+    let on_ready = announce_ready(mp.clone(), store_path, ready.clone());
+    let served = serve_session(req, &fs, &daemon, fd, on_ready);
+    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp).is_some() {
+        // Mounted, but the session never started: nothing can have used the mount.
+        let _ = nix::mount::umount2(&mp, MntFlags::MNT_DETACH);
+    }
+    if ready.load(Ordering::Acquire) {
+        crate::notify::stopping("unmounted; closing the store");
+    }
+    close_after_session(fs, &daemon, &socket);
+    served.map_err(|e| format!("serving the mount failed: {e}"))?;
+    tracing::info!("unmounted; store closed");
+    Ok(())
+}
+
+/// The control socket beside the store, served by its own thread, which holds the filesystem
+/// from now on; the socket is recorded in `created`. A second daemon for the same store is
+/// refused here, naming the mount that has it.
+fn serve_control(
+    fs: &Arc<Fs>,
+    mp: &Path,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<(Arc<Daemon>, PathBuf), String> {
+    let unmount_mp = mp.to_path_buf();
     let daemon = Arc::new(Daemon::new(
         fs.clone(),
-        mp.clone(),
-        store_path.clone(),
+        mp.to_path_buf(),
+        store_path.to_path_buf(),
         Box::new(move || kernel_unmount(&unmount_mp)),
     ));
     let socket = control::listen(daemon.clone()).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => match mountpoint_of_store(&store_path) {
+        std::io::ErrorKind::AddrInUse => match mountpoint_of_store(store_path) {
             Some(at) => format!(
                 "store {} is already mounted at {} (one daemon serves a store; browse that \
                  mount)",
@@ -373,79 +423,64 @@ fn run_daemon_inner(
         _ => format!("control socket: {e}"),
     })?;
     created.record(&socket);
-    // From here the control thread holds the filesystem: a failure gives it back, so the store
-    // closes (and its write-ahead log goes) before what this attempt created is removed.
-    let give_back = |e: String| {
-        let _ = std::fs::remove_file(&socket);
-        drop(daemon.take_fs());
-        e
-    };
+    Ok((daemon, socket))
+}
 
-    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
-
-    let source = format!("redbfs:{}", store_path.display());
-    let ready_flag = ready.clone();
-    let on_ready = move || {
+/// What runs once the mount answers: the log line, the readiness flag, the `redbfs mount`
+/// waiting on the notify descriptor, and systemd.
+fn announce_ready(
+    mp: PathBuf,
+    store_path: PathBuf,
+    ready: Arc<AtomicBool>,
+) -> impl FnOnce() + Send + 'static {
+    move || {
         tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
-        ready_flag.store(true, Ordering::Release);
+        ready.store(true, Ordering::Release);
         notify("ready");
         crate::notify::ready_once_answering(mp);
-    };
-    let mp_abs = req.mountpoint_abs()?;
-    let (other, ro) = (req.allow_other, req.read_only);
-    let mounted = match kernel_mount(&mp_abs, &source, other, ro, fuse_device) {
-        Ok(Some(fd)) => Ok(fd),
-        Ok(None) => fusermount_mount(&mp_abs, &source, other, ro),
-        Err(e) => Err(e),
-    };
-    let served = match mounted {
-        Ok(fd) => {
-            let settings = crate::replica::Settings::stored(fs.store());
-            let replication = crate::replica::Replication::start(&fs, &settings)
-                .map_err(|e| tracing::error!("{e}; not replicating"))
-                .ok()
-                .flatten()
-                .map(Arc::new);
-            daemon.set_replication(replication.clone());
-            let served =
-                crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
-            // What the session committed last goes up before the store closes, the orphans
-            // the kernel let go of too (nothing references them once the session ended).
-            fs.flush_all();
-            if let Err(e) = fs.reclaim_orphans() {
-                tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
-            }
-            daemon.set_replication(None);
-            if let Some(r) = replication {
-                r.stop();
-            }
-            served
-        }
-        Err(e) => {
-            let e = give_back(e);
-            close_store(fs);
-            return Err(e);
-        }
-    };
-    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp_abs).is_some() {
-        // Mounted, but the session never started: nothing can have used the mount.
-        let _ = nix::mount::umount2(&mp_abs, MntFlags::MNT_DETACH);
     }
-    if ready.load(Ordering::Acquire) {
-        crate::notify::stopping("unmounted; closing the store");
-    }
-    // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
+}
+
+/// Serves the FUSE session on `fd` until it ends, with the store's replicas shipping
+/// meanwhile; then what the session committed last goes up before the replicas stop.
+fn serve_session(
+    req: &MountRequest,
+    fs: &Arc<Fs>,
+    daemon: &Daemon,
+    fd: std::os::fd::OwnedFd,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    let settings = crate::replica::Settings::stored(fs.store());
+    let replication = crate::replica::Replication::start(fs, &settings)
+        .map_err(|e| tracing::error!("{e}; not replicating"))
+        .ok()
+        .flatten()
+        .map(Arc::new);
+    daemon.set_replication(replication.clone());
+    let served = crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
+    // What the session committed last goes up before the store closes, the orphans the kernel
+    // let go of too (nothing references them once the session ended).
     fs.flush_all();
-    // The kernel references nothing now: what it kept alive without a name goes.
     if let Err(e) = fs.reclaim_orphans() {
         tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
     }
-    let _ = std::fs::remove_file(&socket);
+    daemon.set_replication(None);
+    if let Some(r) = replication {
+        r.stop();
+    }
+    served
+}
+
+/// The session has ended (the kernel sent DESTROY): everything is flushed, what the kernel
+/// kept alive without a name goes, the socket goes, and the store closes.
+fn close_after_session(fs: Arc<Fs>, daemon: &Daemon, socket: &Path) {
+    fs.flush_all();
+    if let Err(e) = fs.reclaim_orphans() {
+        tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
+    }
+    let _ = std::fs::remove_file(socket);
     drop(daemon.take_fs());
     close_store(fs);
-    served.map_err(|e| format!("serving the mount failed: {e}"))?;
-    tracing::info!("unmounted; store closed");
-    Ok(())
 }
 
 /// Opens the store (recording what it creates) with the history retention asked for or
@@ -541,12 +576,6 @@ fn close_store(mut fs: Arc<Fs>) {
     tracing::warn!(
         "a control request still holds the store; it will be recovered at the next mount"
     );
-}
-
-impl MountRequest {
-    fn mountpoint_abs(&self) -> Result<PathBuf, String> {
-        absolute(&self.mountpoint)
-    }
 }
 
 /// Whether daemon process `d` still runs: the same process (its pid and start time), with a
