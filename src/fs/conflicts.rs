@@ -8,7 +8,7 @@
 //! A process is its pid and its start time (`crate::process::ProcessId`), and so is a thread:
 //! a pid or tid handed to a new process names a process that has read nothing, never the
 //! old one. The thread-to-process cache is checked against the thread's start time at every
-//! use, and a sweep drops what processes that are gone saw.
+//! use, and a sweep drops what processes that are gone (by pid and start time) saw.
 //!
 //! Versions are daemon-local (a counter from mount), kept per inode for the process that made
 //! its content last; what a process saw is kept per (process, parent directory, name), since
@@ -91,7 +91,8 @@ struct State {
     made: HashMap<u64, Made>,
     seen: HashMap<(ProcessId, u64, String), Seen>,
     /// Thread id -> (the thread's start time, its process); FUSE reports the calling thread.
-    /// An entry counts only while the tid is held by a thread of that start time.
+    /// An entry counts only while the tid is held by a thread of that start time, which every
+    /// use checks, so a stale one is harmless; past `CAP` entries the cache starts over.
     threads: HashMap<u32, (u64, ProcessId)>,
     inserts: u32,
 }
@@ -116,8 +117,6 @@ impl State {
         let mut live: HashMap<ProcessId, bool> = HashMap::new();
         self.seen
             .retain(|(p, _, _), _| *live.entry(*p).or_insert_with(|| p.alive()));
-        self.threads
-            .retain(|tid, (start, _)| process::stat(*tid).is_some_and(|s| s.start == *start));
         if self.seen.len() > CAP {
             let mut used: Vec<u64> = self.seen.values().map(|s| s.used).collect();
             let (_, median, _) = used.select_nth_unstable(CAP / 2);
