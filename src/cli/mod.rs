@@ -44,7 +44,12 @@ pub fn main() -> i32 {
         // The daemon sets up its own log; every other command's warnings reach the terminal.
         terminal_warnings();
     }
-    match run(cli.cmd) {
+    let res = run(cli.cmd);
+    if output::stdout_closed() {
+        // The reader went away (`| head`): the command unwound; it ends as SIGPIPE ends tools.
+        output::reader_gone();
+    }
+    match res {
         Ok(code) => code,
         Err(e) => {
             output::error(&e);

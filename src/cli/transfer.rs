@@ -35,8 +35,10 @@ pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
         })?,
     };
     if to_stdout {
-        let copied = crate::private::open_read(&dest)
-            .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
+        let copied = crate::private::open_read(&dest).and_then(|mut f| {
+            std::io::copy(&mut f, &mut output::Stdout)?;
+            std::io::Write::flush(&mut output::Stdout)
+        });
         let _ = std::fs::remove_file(&dest);
         copied.map_err(|e| format!("writing the snapshot to stdout: {e}"))?;
     }
@@ -74,11 +76,9 @@ pub(super) fn export(a: Export) -> Result<i32, String> {
             let progress = Progress::new("export", Format::Human);
             tools::export_dir(r, &a.path, d, opts, &mut |n| progress.update(n))
         }
-        (None, Some(f)) if f.as_os_str() == "-" => tools::export_tar(
-            r,
-            &a.path,
-            &mut std::io::BufWriter::new(std::io::stdout().lock()),
-        ),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            tools::export_tar(r, &a.path, &mut std::io::BufWriter::new(output::Stdout))
+        }
         (None, Some(f)) => export_tar_file(r, &a.path, f, &t.store, a.force),
         _ => Err("give either DIR or --tar FILE".to_string()),
     })?;

@@ -34,10 +34,9 @@ pub mod sim;
 pub mod wal;
 mod write;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
 
 use redb::Database;
 
@@ -184,8 +183,6 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
-    /// Process names by pid, for history records (read from /proc once per burst).
-    comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was
