@@ -60,14 +60,25 @@ pub fn main() -> i32 {
 
 /// Warnings (and errors) logged by the library print on stderr, `REDBFS_LOG` may say more.
 fn terminal_warnings() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("REDBFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("redbfs=warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let layer = tracing_subscriber::fmt::layer()
         .with_target(false)
         .without_time()
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry()
+        .with(log_filter("redbfs=warn"))
+        .with(layer)
         .try_init();
+}
+
+/// What to log: `REDBFS_LOG`'s `target=level` directives (`redbfs=debug,fuser=info`), or
+/// `default` when it is unset or does not parse.
+pub(crate) fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
+    std::env::var("REDBFS_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| default.parse().unwrap_or_default())
 }
 
 /// Runs one command; its exit code, or the error to print.

@@ -140,7 +140,6 @@ fn refuse_background_log(store: &Path, log: &Path) -> Result<(), String> {
 }
 
 fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
-    use tracing_subscriber::filter::Targets;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let level = match verbose {
@@ -148,16 +147,7 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
         1 => "debug",
         _ => "trace",
     };
-    // REDBFS_LOG takes `target=level` directives (`redbfs=debug,fuser=info`); one that does
-    // not parse falls back to the default, as an unset one does.
-    let filter: Targets = std::env::var("REDBFS_LOG")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            format!("redbfs={level},fuser=warn")
-                .parse()
-                .expect("the default directives parse")
-        });
+    let filter = super::log_filter(&format!("redbfs={level},fuser=warn"));
     let layer = tracing_subscriber::fmt::layer().with_target(false);
     match log_file {
         Some(p) => {
