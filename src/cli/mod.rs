@@ -58,7 +58,7 @@ pub fn main() -> i32 {
     }
 }
 
-/// Warnings (and errors) logged by the library print on stderr, `REDBFS_LOG` may say more.
+/// Warnings (and errors) logged by the library print on stderr; `REDBFS_LOG` may say more.
 fn terminal_warnings() {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
