@@ -52,7 +52,7 @@ pub fn main() -> i32 {
 /// Runs one command; its exit code, or the error to print.
 fn run(cmd: Cmd) -> Result<i32, String> {
     match cmd {
-        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Mount(a) => mount::mount(*a),
         Cmd::Unmount(a) => mount::unmount(a),
         Cmd::Status(a) => inspect::status(a),
         Cmd::Check(a) => inspect::check(a),

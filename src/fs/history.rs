@@ -44,7 +44,7 @@ impl Fs {
 
     /// After a commit that bypassed the kernel: open files reload what changed, and the
     /// kernel forgets the touched entries and inodes.
-    fn after_out_of_band(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
+    pub(super) fn after_out_of_band(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
         let r = self.store().read();
         for ino in &inodes {
             let f = lock(&self.files).get(ino).cloned();

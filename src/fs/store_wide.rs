@@ -54,4 +54,11 @@ impl Fs {
             tracing::error!(error = %e, "final sync failed");
         }
     }
+
+    /// After a transaction applied to the store from outside every request (a follower's
+    /// batch from its replica): open files pick up what changed, and the kernel forgets the
+    /// entries and inodes it changed, and nothing else.
+    pub fn changed_outside(&self, changed: crate::store::Changed) {
+        self.after_out_of_band(changed.dirents, changed.inodes);
+    }
 }

@@ -51,9 +51,20 @@ pub struct MountRequest {
     pub keep_history: Option<u64>,
     /// Replicas and their schedule; `None` fields keep what the store recorded.
     pub replica: crate::replica::ReplicaOverrides,
+    /// Follow this replica read-only instead of mounting the store as it is (`--follow`).
+    pub follow: Option<FollowRequest>,
+    /// Take the replicas' writer role over from whoever holds it (`--takeover`).
+    pub takeover: bool,
     /// What this attempt has created so far (the daemon's log, directories): removed again if
     /// it fails before the mount answers.
     pub created: Created,
+}
+
+/// `--follow URL`: the replica, and how often to poll it.
+#[derive(Clone, Debug)]
+pub struct FollowRequest {
+    pub url: String,
+    pub interval: Duration,
 }
 
 /// History retention of a new store: 30 days.
@@ -349,7 +360,14 @@ fn run_daemon_inner(
     prepare_mountpoint(&mp, created)?;
     check_allow_other(req.allow_other)?;
     let fuse_device = open_fuse_device()?;
-    let fs = open_fs(req, &store_path, created)?;
+    let (fs, roles) = match &req.follow {
+        Some(f) => (open_follower(f, &store_path, created)?, Vec::new()),
+        None => {
+            let fs = open_fs(req, &store_path, created)?;
+            let roles = take_writer_roles(req, &fs, &store_path)?;
+            (fs, roles)
+        }
+    };
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
 
     let unmount_mp = mp.clone();
@@ -391,7 +409,8 @@ fn run_daemon_inner(
         crate::notify::ready_once_answering(mp);
     };
     let mp_abs = req.mountpoint_abs()?;
-    let (other, ro) = (req.allow_other, req.read_only);
+    // A follower's mount is read-only in the kernel too: only its follower changes the store.
+    let (other, ro) = (req.allow_other, req.read_only || req.follow.is_some());
     let mounted = match kernel_mount(&mp_abs, &source, other, ro, fuse_device) {
         Ok(Some(fd)) => Ok(fd),
         Ok(None) => fusermount_mount(&mp_abs, &source, other, ro),
@@ -399,15 +418,31 @@ fn run_daemon_inner(
     };
     let served = match mounted {
         Ok(fd) => {
+            let follower = match &req.follow {
+                Some(f) => crate::replica::Follower::start(&fs, &f.url, f.interval)
+                    .map_err(|e| tracing::error!("{e}; not following"))
+                    .ok()
+                    .map(Arc::new),
+                None => None,
+            };
+            daemon.set_follower(follower.clone());
             let settings = crate::replica::Settings::stored(fs.store());
-            let replication = crate::replica::Replication::start(&fs, &settings)
-                .map_err(|e| tracing::error!("{e}; not replicating"))
-                .ok()
-                .flatten()
-                .map(Arc::new);
+            let replication = if req.follow.is_some() {
+                None
+            } else {
+                crate::replica::Replication::start(&fs, &settings, roles)
+                    .map_err(|e| tracing::error!("{e}; not replicating"))
+                    .ok()
+                    .flatten()
+                    .map(Arc::new)
+            };
             daemon.set_replication(replication.clone());
             let served =
                 crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
+            daemon.set_follower(None);
+            if let Some(f) = follower {
+                f.stop();
+            }
             // What the session committed last goes up before the store closes, the orphans
             // the kernel let go of too (nothing references them once the session ended).
             fs.flush_all();
@@ -474,6 +509,73 @@ fn open_fs(
         (None, Some(_)) => {}
     }
     Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// A follower's filesystem: the replica's newest generation restored into the store at
+/// `store_path` (a follower's own, or a new one), frozen against every change but the
+/// follower's.
+fn open_follower(
+    f: &FollowRequest,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<Arc<Fs>, String> {
+    if let Some(parent) = store_path.parent() {
+        created
+            .create_dir_all(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let existed = std::fs::symlink_metadata(store_path).is_ok();
+    let store = crate::replica::follow::prepare(&f.url, store_path)?;
+    if !existed {
+        created.record(store_path);
+    }
+    let limits = Limits::stored(&store);
+    Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// Takes the writer role of every replica the store ships to, before the mount (a role
+/// another writer holds refuses it). With `--takeover`, a follower's store continues the
+/// history where it stands (the commit it followed to); the mark goes in a commit of its own.
+fn take_writer_roles(
+    req: &MountRequest,
+    fs: &Arc<Fs>,
+    store_path: &Path,
+) -> Result<Vec<Option<crate::replica::epoch::Role>>, String> {
+    let settings = crate::replica::Settings::stored(fs.store());
+    if req.takeover && settings.urls.is_empty() {
+        return Err("--takeover takes a replica's writer role: give --replica URL".into());
+    }
+    if settings.urls.is_empty() || fs.is_read_only() {
+        return Ok(Vec::new());
+    }
+    let fenced = crate::replica::epoch::Fenced::of(fs.store());
+    if !req.takeover
+        && let Some((url, msg)) = fenced
+            .by_url
+            .iter()
+            .find(|(u, _)| settings.urls.contains(u))
+    {
+        return Err(format!(
+            "this store was fenced at replica {url} and takes no writer role there again \
+             without --takeover ({msg}). Mount it with --replica none (or --read-only) to \
+             recover its own changes, or follow the replica instead"
+        ));
+    }
+    let followed = crate::replica::follow::Followed::of(fs.store());
+    let after = followed.as_ref().and_then(|f| {
+        crate::replica::follow::Followed::cut_for(fs.store(), &f.url).map(|c| (f.url.as_str(), c))
+    });
+    let after = if req.takeover { after } else { None };
+    let roles =
+        crate::replica::epoch::acquire_all(&settings.urls, store_path, req.takeover, after)?;
+    if req.takeover {
+        crate::replica::epoch::Fenced::forget(fs.store(), &settings.urls);
+    }
+    if followed.is_some() && req.takeover {
+        // The store is a writer's now: a later takeover must not go back to this point.
+        crate::replica::follow::Followed::forget(fs.store()).map_err(|e| e.to_string())?;
+    }
+    Ok(roles)
 }
 
 /// A thread that reclaims, every `RECLAIM_INTERVAL`, the orphans the kernel and every handle

@@ -53,7 +53,7 @@ pub struct Restored {
 
 /// The segments that continue a chain from commit `from`, in order: each begins at or before
 /// the commit after the last one's end; the first gap ends the chain.
-fn chain(segments: &[(u64, u64, u64)], from: u64) -> Vec<(u64, u64, u64)> {
+pub(super) fn chain(segments: &[(u64, u64, u64)], from: u64) -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     let mut at = from;
     for &s in segments {
@@ -73,6 +73,7 @@ fn chain(segments: &[(u64, u64, u64)], from: u64) -> Vec<(u64, u64, u64)> {
 pub fn list(url: &str) -> Result<Vec<GenerationInfo>, String> {
     let target = Target::open(url)?;
     runtime()?.block_on(async {
+        target.load_fence().await?;
         let mut out = Vec::new();
         for name in target.generation_names().await? {
             out.push(describe(&target, &name).await?);
@@ -211,11 +212,12 @@ async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<(u64, u6
 
 /// Downloads the chosen generation's snapshot to `scratch` and applies its records up to
 /// `point`: (manifest, commit reached, its time, records applied).
-async fn rebuild(
+pub(super) async fn rebuild(
     target: &Target,
     point: Point,
     scratch: &Path,
 ) -> Result<(Manifest, u64, i64, usize), String> {
+    target.load_fence().await?;
     let (m, links) = choose(target, point).await?;
     let snapshot = target
         .get(&target.gen_path(&m.generation, "snapshot.redb"))

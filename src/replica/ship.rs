@@ -9,6 +9,11 @@
 //! since: an unreachable replica costs the mount nothing but memory for the records (up to the
 //! feed's bound, then a snapshot carries on), and logs one warning per outage.
 //!
+//! Each shipper holds its replica's writer role (`epoch`), taken before the mount: before
+//! the uploads of each round it checks that no newer writer took the role over; once one did,
+//! the mount is fenced: it ships nothing more, refuses every change (EROFS) and says so once.
+//! A clean stop releases the role after the last upload.
+//!
 //! Invariant kept here: a segment is uploaded only after the one before it (or the snapshot)
 //! was uploaded whole, and records leave the feed only once uploaded.
 
@@ -22,7 +27,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{record_generation, recorded_generation};
-use super::{Manifest, Settings, Target, runtime, segment_name, started_of};
+use super::epoch::{self, EpochRecord, Refusal, Role};
+use super::{Manifest, Settings, Target, generation_name, runtime, segment_name, started_of};
 use crate::fs::Fs;
 use crate::store::{Batch, Feed, Record, encode_segment, now_ns};
 
@@ -51,6 +57,10 @@ pub struct Lag {
     pub segment_bytes: u64,
     pub record_bytes: u64,
     pub records: u64,
+    /// The writer role's epoch this mount holds (None until it took it).
+    pub epoch: Option<u64>,
+    /// Set once a newer writer took the role over: why this mount ships nothing more.
+    pub fenced: Option<String>,
 }
 
 #[derive(Default)]
@@ -85,8 +95,14 @@ fn lock(m: &Mutex<Lag>) -> MutexGuard<'_, Lag> {
 }
 
 impl Replication {
-    /// Starts shipping `fs`'s commits to each replica of `settings`; None when there is none.
-    pub fn start(fs: &Arc<Fs>, settings: &Settings) -> Result<Option<Replication>, String> {
+    /// Starts shipping `fs`'s commits to each replica of `settings`, holding the writer roles
+    /// `roles` (one per URL, in order; None: taken once the replica answers); None when
+    /// there is no replica.
+    pub fn start(
+        fs: &Arc<Fs>,
+        settings: &Settings,
+        mut roles: Vec<Option<Role>>,
+    ) -> Result<Option<Replication>, String> {
         if settings.urls.is_empty() || fs.is_read_only() {
             return Ok(None);
         }
@@ -110,9 +126,16 @@ impl Replication {
             threads: Mutex::new(Vec::new()),
             lags: Vec::new(),
         };
-        for (i, (target, feed)) in targets.into_iter().zip(at.feeds.clone()).enumerate() {
+        roles.resize(targets.len(), None);
+        for (i, ((target, feed), role)) in targets
+            .into_iter()
+            .zip(at.feeds.clone())
+            .zip(roles)
+            .enumerate()
+        {
             let lag = Arc::new(Mutex::new(Lag {
                 url: target.url.clone(),
+                epoch: role.as_ref().map(Role::epoch),
                 ..Lag::default()
             }));
             r.lags.push((lag.clone(), feed.clone()));
@@ -127,6 +150,10 @@ impl Replication {
                 pruned: None,
                 outage: false,
                 scratch: scratch_path(fs.store().path(), i),
+                role,
+                fence_read: false,
+                role_checked: false,
+                fenced: false,
             };
             let stop = stop.clone();
             let t = std::thread::Builder::new()
@@ -220,6 +247,14 @@ struct Shipper {
     pruned: Option<Instant>,
     outage: bool,
     scratch: PathBuf,
+    /// The writer role (None until taken: the replica was out of reach at mount).
+    role: Option<Role>,
+    /// Whether the epochs were read (once, at the first round).
+    fence_read: bool,
+    /// Whether this round has checked the role yet (once per round with uploads).
+    role_checked: bool,
+    /// A newer writer took the role: nothing more is shipped.
+    fenced: bool,
 }
 
 impl Shipper {
@@ -234,15 +269,82 @@ impl Shipper {
         let mut stopping = false;
         loop {
             if !(stopping && self.outage) {
+                self.role_checked = false;
                 let result = rt.block_on(self.step());
                 self.report(result);
             }
-            if stopping {
+            if stopping || self.fenced {
                 break;
             }
             stopping = stop.wait(self.settings.interval());
         }
         let _ = std::fs::remove_file(&self.scratch);
+        if stopping
+            && !self.fenced
+            && !self.outage
+            && let Some(role) = &self.role
+        {
+            match rt.block_on(role.release(&self.target)) {
+                Ok(()) => {
+                    tracing::info!(replica = %self.target.url, epoch = role.epoch(), "released the replica's writer role")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %self.target.url, error = %e, "could not release the replica's writer role; the next writer must take it over (--takeover), or this store takes it again at its next mount")
+                }
+            }
+        }
+    }
+
+    /// Whether this mount may upload: it holds the writer role (taken now if the replica was
+    /// out of reach at mount) and no newer writer took it over. Once one did, fences the mount.
+    async fn may_upload(&mut self) -> Result<bool, String> {
+        if self.fenced {
+            return Ok(false);
+        }
+        if self.role_checked {
+            return Ok(true);
+        }
+        let store = self.fs.store().path().display().to_string();
+        let newer = match &self.role {
+            None => match epoch::acquire(&self.target, &store, false, None).await {
+                Ok(role) => {
+                    lock(&self.lag).epoch = Some(role.epoch());
+                    self.role = Some(role);
+                    None
+                }
+                Err(Refusal::Held(h)) => Some(h),
+                Err(Refusal::Unreachable(e)) => return Err(e),
+            },
+            Some(role) => role.superseded(&self.target).await?,
+        };
+        if let Some(newer) = newer {
+            self.fence(&newer);
+            return Ok(false);
+        }
+        self.role_checked = true;
+        Ok(true)
+    }
+
+    /// A newer writer holds the role: this mount ships nothing more and refuses changes.
+    fn fence(&mut self, newer: &EpochRecord) {
+        let shipped = lock(&self.lag).shipped_commit;
+        let msg = format!(
+            "fenced: replica {} was taken over by {} (epoch {}); this mount is read-only from \
+             now on and ships nothing more. The replica holds this store's commits up to {}; \
+             later ones stay in this store only",
+            self.target.url,
+            newer.holder(),
+            newer.epoch,
+            newer
+                .after
+                .as_ref()
+                .map_or(shipped, |c| c.commit.min(shipped))
+        );
+        tracing::error!("{msg}");
+        self.fs.store().freeze(msg.clone());
+        epoch::Fenced::note(self.fs.store(), &self.target.url, &msg);
+        self.fenced = true;
+        lock(&self.lag).fenced = Some(msg);
     }
 
     /// One warning when the replica goes out of reach, one line when it is back.
@@ -267,6 +369,13 @@ impl Shipper {
     }
 
     async fn step(&mut self) -> Result<(), String> {
+        if self.fenced {
+            return Ok(());
+        }
+        if !self.fence_read {
+            self.target.load_fence().await?;
+            self.fence_read = true;
+        }
         if self.generation.is_none() && !self.feed.is_broken() {
             self.resume().await;
         }
@@ -280,6 +389,9 @@ impl Shipper {
             self.start_generation().await?;
         }
         loop {
+            if self.fenced {
+                return Ok(());
+            }
             let after = self.generation.as_ref().map_or(0, |g| g.shipped);
             match self.feed.take(after, SEGMENT_BYTES) {
                 Batch::Broken => self.start_generation().await?,
@@ -358,11 +470,17 @@ impl Shipper {
 
     /// Uploads one segment following the last one shipped.
     async fn ship(&mut self, records: Vec<(u64, Record)>) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let g = self.generation.as_mut().ok_or("no generation")?;
         let (first, last) = (records[0].0, records[records.len() - 1].0);
         let bytes = encode_segment(g.log_id, records.iter().map(|r| (r.0, r.1.as_slice())));
         let size = bytes.len() as u64;
-        let path = self.target.gen_path(&g.name, &segment_name(first, last));
+        let path = self
+            .target
+            .gen_path(&g.name, &segment_name(first, last, epoch));
         self.target.put(&path, bytes).await?;
         g.shipped = last;
         self.feed.release(last);
@@ -378,6 +496,10 @@ impl Shipper {
 
     /// A new generation: a snapshot of the store now, uploaded whole, then its manifest.
     async fn start_generation(&mut self) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let _ = std::fs::remove_file(&self.scratch);
         let taken = (|| {
             let r = self.fs.store().read()?;
@@ -391,7 +513,7 @@ impl Shipper {
             format!("taking a snapshot for the replica: {e}")
         })?;
         let started_ns = now_ns();
-        let name = format!("{started_ns:020}-{:08x}", random() as u32);
+        let name = generation_name(epoch, started_ns, random() as u32);
         let uploaded = self.upload_snapshot(&name).await;
         let _ = std::fs::remove_file(&self.scratch);
         let snapshot_bytes = uploaded?;

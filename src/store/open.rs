@@ -74,6 +74,7 @@ impl Store {
             comms: Mutex::new(HashMap::new()),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
+            frozen: Mutex::new(None),
         }
     }
 
@@ -300,7 +301,7 @@ impl Store {
         };
         wal.check()?;
         if !self.checkpoint_is_last() {
-            let mut w = self.write()?;
+            let mut w = self.write_any()?;
             w.without_history();
             w.commit_checkpoint()?;
         }

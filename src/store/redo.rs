@@ -51,6 +51,15 @@ impl Redo {
 
 /// Applies one log record's changes to `tx`.
 pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
+    replay_noting(tx, payload, &mut |_, _| {})
+}
+
+/// `replay`, telling `note` the table and key of every change it applies.
+pub(super) fn replay_noting(
+    tx: &redb::WriteTransaction,
+    payload: &[u8],
+    note: &mut dyn FnMut(&str, &[u8]),
+) -> Result<(), StoreError> {
     let bad = || StoreError::Corrupt("a record of the log does not decode".into());
     let mut rest = payload;
     let mut take = |n: usize| -> Result<&[u8], StoreError> {
@@ -93,6 +102,7 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
                 "the log names a table this build does not know: {other}"
             ))),
         }?;
+        note(&name, &key);
     }
     Ok(())
 }
