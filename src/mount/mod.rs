@@ -364,7 +364,7 @@ fn run_daemon_inner(
         Some(f) => (open_follower(f, &store_path, created)?, Vec::new()),
         None => {
             let fs = open_fs(req, &store_path, created)?;
-            let roles = take_writer_roles(req, &fs, &store_path)?;
+            let roles = take_writer_roles(req, &fs)?;
             (fs, roles)
         }
     };
@@ -539,7 +539,6 @@ fn open_follower(
 fn take_writer_roles(
     req: &MountRequest,
     fs: &Arc<Fs>,
-    store_path: &Path,
 ) -> Result<Vec<Option<crate::replica::epoch::Role>>, String> {
     let settings = crate::replica::Settings::stored(fs.store());
     if req.takeover && settings.urls.is_empty() {
@@ -567,7 +566,7 @@ fn take_writer_roles(
     });
     let after = if req.takeover { after } else { None };
     let roles =
-        crate::replica::epoch::acquire_all(&settings.urls, store_path, req.takeover, after)?;
+        crate::replica::epoch::acquire_all(&settings.urls, fs.store(), req.takeover, after)?;
     if req.takeover {
         crate::replica::epoch::Fenced::forget(fs.store(), &settings.urls);
     }

@@ -163,6 +163,9 @@ pub struct Role {
 pub enum Refusal {
     /// Another writer holds it.
     Held(EpochRecord),
+    /// This store held the role and another writer took it over meanwhile (this one was
+    /// killed, or cut off, before it could learn it).
+    TakenOver(EpochRecord),
     /// The replica could not be read or written.
     Unreachable(String),
 }
@@ -178,6 +181,16 @@ impl std::fmt::Display for Refusal {
                  restored with `restore --from`)",
                 r.epoch,
                 r.holder()
+            ),
+            Refusal::TakenOver(r) => write!(
+                f,
+                "fenced: this store held the replica's writer role until {} took it over \
+                 (epoch {}); the replica's history goes on from there without this store's \
+                 later commits. Mount this store with --replica none (or --read-only) to \
+                 recover its own changes, follow the replica instead, or take the role back \
+                 with --takeover",
+                r.holder(),
+                r.epoch
             ),
             Refusal::Unreachable(e) => write!(f, "cannot read the replica's writer role: {e}"),
         }
@@ -205,11 +218,20 @@ pub(super) async fn acquire(
     store: &str,
     takeover: bool,
     after: Option<Cut>,
+    held_before: Option<u64>,
 ) -> Result<Role, Refusal> {
     let unreachable = Refusal::Unreachable;
     let (held, released) = epoch_numbers(target).await.map_err(unreachable)?;
     let newest = held.last().copied();
     let host = host_name();
+    if let Some(m) = held_before
+        && !takeover
+        && held.contains(&(m + 1))
+        && let Some(next) = read_record(target, m + 1).await.map_err(unreachable)?
+        && next.takeover
+    {
+        return Err(Refusal::TakenOver(next));
+    }
     let mut taken_over = false;
     if let Some(n) = newest
         && !released.contains(&n)
@@ -323,17 +345,57 @@ impl Role {
     }
 }
 
+/// The role a store took last at each replica URL (`meta` "replica_roles"), with the host
+/// and path it was taken from: a copy of the store elsewhere (a snapshot, a follower) never
+/// counts as the store that held it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Roles {
+    pub by_url: BTreeMap<String, (u64, String, String)>,
+}
+
+impl Roles {
+    fn of(store: &crate::store::Store) -> Roles {
+        store
+            .read()
+            .ok()
+            .and_then(|r| r.meta_bytes(crate::store::schema::META_ROLES).ok().flatten())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// The epoch this very store (this host, this path) held last at `url`.
+    pub fn held(store: &crate::store::Store, url: &str) -> Option<u64> {
+        let path = store.path().display().to_string();
+        Roles::of(store)
+            .by_url
+            .get(url)
+            .filter(|(_, host, p)| *host == host_name() && *p == path)
+            .map(|r| r.0)
+    }
+
+    /// Notes that this store holds `epoch` at `url` (outside the commits).
+    pub fn note(store: &crate::store::Store, url: &str, epoch: u64) {
+        let mut r = Roles::of(store);
+        let path = store.path().display().to_string();
+        r.by_url.insert(url.to_string(), (epoch, host_name(), path));
+        let json = serde_json::to_vec(&r).unwrap_or_default();
+        if let Err(e) = store.note_locally(crate::store::schema::META_ROLES, &json) {
+            tracing::warn!(error = %e, "could not note the writer role in the store");
+        }
+    }
+}
+
 /// The writer roles of a mount's replicas, taken before it mounts: one per URL, in order
 /// (None for a replica out of reach now: its shipper takes the role once it answers). A
-/// replica whose role another writer holds refuses the mount.
+/// replica whose role another writer holds, or took over from this store, refuses the mount.
 pub fn acquire_all(
     urls: &[String],
-    store: &std::path::Path,
+    store: &crate::store::Store,
     takeover: bool,
     after: Option<(&str, Cut)>,
 ) -> Result<Vec<Option<Role>>, String> {
     let rt = runtime()?;
-    let store = store.display().to_string();
+    let path = store.path().display().to_string();
     let mut roles = Vec::new();
     for url in urls {
         let target = Target::open(url)?;
@@ -341,10 +403,14 @@ pub fn acquire_all(
             .as_ref()
             .filter(|(u, _)| u == url)
             .map(|a| a.1.clone());
-        match rt.block_on(acquire(&target, &store, takeover, cut)) {
-            Ok(role) => roles.push(Some(role)),
-            Err(Refusal::Held(h)) => {
-                return Err(format!("replica {url}: {}", Refusal::Held(h)));
+        let before = Roles::held(store, url);
+        match rt.block_on(acquire(&target, &path, takeover, cut, before)) {
+            Ok(role) => {
+                Roles::note(store, url, role.epoch());
+                roles.push(Some(role));
+            }
+            Err(e @ (Refusal::Held(_) | Refusal::TakenOver(_))) => {
+                return Err(format!("replica {url}: {e}"));
             }
             Err(Refusal::Unreachable(e)) if !takeover => {
                 tracing::warn!(replica = %url, error = %e, "cannot reach the replica to take its writer role; the mount goes on and takes it once the replica answers");

@@ -306,13 +306,22 @@ impl Shipper {
         }
         let store = self.fs.store().path().display().to_string();
         let newer = match &self.role {
-            None => match epoch::acquire(&self.target, &store, false, None).await {
+            None => match epoch::acquire(
+                &self.target,
+                &store,
+                false,
+                None,
+                epoch::Roles::held(self.fs.store(), &self.target.url),
+            )
+            .await
+            {
                 Ok(role) => {
                     lock(&self.lag).epoch = Some(role.epoch());
+                    epoch::Roles::note(self.fs.store(), &self.target.url, role.epoch());
                     self.role = Some(role);
                     None
                 }
-                Err(Refusal::Held(h)) => Some(h),
+                Err(Refusal::Held(h) | Refusal::TakenOver(h)) => Some(h),
                 Err(Refusal::Unreachable(e)) => return Err(e),
             },
             Some(role) => role.superseded(&self.target).await?,

@@ -20,6 +20,8 @@
 //!                                       generation and commit (`replica::follow::Followed`)
 //!                                       "fenced" &[u8]: JSON, the replica URLs whose writer
 //!                                       role a newer writer took from this store
+//!                                       "replica_roles" &[u8]: JSON, URL -> the epoch this
+//!                                       store last held there, its host and path
 //! inodes   u64 ino         -> &[u8]     an `Inode` record (below); ino 1 is the root
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
@@ -114,6 +116,10 @@ pub const META_FOLLOWED: &str = "followed";
 /// commit of this store the replica keeps (JSON, see `replica::epoch::Fenced`); until a
 /// takeover removes it, this store takes no writer role at that URL.
 pub const META_FENCED: &str = "fenced";
+/// The writer role this store took last at each replica URL, with the host and path it was
+/// taken from (JSON, see `replica::epoch::Roles`): a store taken over while it held the role
+/// learns it at its next mount.
+pub const META_ROLES: &str = "replica_roles";
 pub(crate) const META_HISTORY_NEXT: &str = "history_next";
 pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
 pub(crate) const META_LOG_SEQ: &str = "log_seq";
