@@ -44,7 +44,7 @@ impl Fs {
 
     /// After a commit that bypassed the kernel: open files reload what changed, and the
     /// kernel forgets the touched entries and inodes.
-    pub(super) fn after_out_of_band(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
+    fn after_out_of_band(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
         let r = self.store().read();
         for ino in &inodes {
             let f = lock(&self.files).get(ino).cloned();
@@ -60,6 +60,11 @@ impl Fs {
                 }
             }
         }
+        self.invalidate(dirents, inodes);
+    }
+
+    /// Tells the kernel to forget these entries and inodes.
+    pub(super) fn invalidate(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
         let inval = lock(&self.invalidator).clone();
         if let Some(inval) = inval {
             for (parent, name) in dirents {

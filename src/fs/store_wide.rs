@@ -55,10 +55,11 @@ impl Fs {
         }
     }
 
-    /// After a transaction applied to the store from outside every request (a follower's
-    /// batch from its replica): open files pick up what changed, and the kernel forgets the
-    /// entries and inodes it changed, and nothing else.
+    /// After a transaction applied to a frozen store from outside every request (a
+    /// follower's batch from its replica): the kernel forgets the entries and inodes it
+    /// changed, and nothing else. Open handles keep reading the version they opened (their
+    /// pinned read transaction), as an open file on a local disk keeps a replaced inode.
     pub fn changed_outside(&self, changed: crate::store::Changed) {
-        self.after_out_of_band(changed.dirents, changed.inodes);
+        self.invalidate(changed.dirents, changed.inodes);
     }
 }

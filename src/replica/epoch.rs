@@ -358,7 +358,11 @@ impl Roles {
         store
             .read()
             .ok()
-            .and_then(|r| r.meta_bytes(crate::store::schema::META_ROLES).ok().flatten())
+            .and_then(|r| {
+                r.meta_bytes(crate::store::schema::META_ROLES)
+                    .ok()
+                    .flatten()
+            })
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default()
     }
