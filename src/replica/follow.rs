@@ -145,6 +145,8 @@ pub struct FollowState {
     pub batches: u64,
     pub records: u64,
     pub generations: u64,
+    /// Time spent applying batches (the transaction and the kernel's invalidations), s.
+    pub apply_seconds: f64,
     /// Why the last poll failed, while it fails.
     pub error: Option<String>,
     /// Since when (ns) the follower has been behind the replica, while it is.
@@ -359,6 +361,7 @@ impl Poller {
                 commit: last_seq,
                 ..self.followed.clone()
             };
+            let started = std::time::Instant::now();
             let changed = self
                 .fs
                 .store()
@@ -367,6 +370,7 @@ impl Poller {
             self.fs.changed_outside(changed);
             self.followed = next;
             let mut s = lock(&self.state);
+            s.apply_seconds += started.elapsed().as_secs_f64();
             s.follower_commit = last_seq;
             if time.is_some() {
                 s.follower_commit_time_ns = time;
