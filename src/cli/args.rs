@@ -247,6 +247,10 @@ pub(super) struct Restore {
     /// Do not keep the replaced store as STORE.before-restore-<time>.
     #[arg(long)]
     pub discard_current: bool,
+    /// With --from: when the replica's chain stops verifying (a segment missing or damaged)
+    /// before what it lists, restore the last commit that verifies instead of failing.
+    #[arg(long, requires = "from")]
+    pub to_last_verified: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -259,8 +263,23 @@ pub(super) struct Replica {
 
 #[derive(Subcommand, Debug)]
 pub(super) enum ReplicaCmd {
-    /// List a replica's generations: when each started and the commits it can restore.
+    /// List a replica's generations: when each started, the commits it restores (every
+    /// segment read and verified) and where its chain breaks.
     Ls(ReplicaLs),
+    /// Verify a replica: every generation's manifest, snapshot and segments, in order. One
+    /// line per finding; exit 1 on any.
+    Verify(ReplicaVerify),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ReplicaVerify {
+    /// s3://BUCKET/PREFIX, gs://.., az://.. or file:///DIR
+    pub url: String,
+    /// Only this generation (as `replica ls` names it).
+    #[arg(long)]
+    pub generation: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -40,6 +40,10 @@ pub fn main() -> i32 {
         }
     };
     let cli = Cli::parse_from(args);
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        // The daemon sets up its own log; every other command's warnings reach the terminal.
+        terminal_warnings();
+    }
     match run(cli.cmd) {
         Ok(code) => code,
         Err(e) => {
@@ -47,6 +51,18 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// Warnings (and errors) logged by the library print on stderr, `REDBFS_LOG` may say more.
+fn terminal_warnings() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REDBFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("redbfs=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .without_time()
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 /// Runs one command; its exit code, or the error to print.

@@ -37,6 +37,12 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
     } else {
         refuse_background_log(&store_path, &background_log)?;
     }
+    // Refused here, before the URL reaches the daemon's command line (`ps`).
+    for u in &a.replica {
+        crate::replica::check_url(u)?;
+    }
+    let daemon_here = a.foreground || a.notify_fd.is_some();
+    let (mountpoint, store) = (a.mountpoint.clone(), a.store.clone());
     let limits = LimitOverrides {
         max_file_bytes: a.max_file_bytes,
         max_buffer_bytes: a.max_buffer,
@@ -80,10 +86,32 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
         takeover: a.takeover,
         created,
     })?;
+    if !daemon_here {
+        replicating_to(&mountpoint, store.as_deref());
+    }
     Ok(0)
 }
 
+/// Says where a mount just made ships its commits (from its daemon's status).
+fn replicating_to(mountpoint: &Path, store: Option<&Path>) {
+    let Ok(t) = super::target::Target::resolve(store.unwrap_or(mountpoint)) else {
+        return;
+    };
+    let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new())) else {
+        return;
+    };
+    output::replicating(&v);
+}
+
 pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
+    // What the replicas still miss: the daemon makes one bounded last upload, and its log says
+    // what it left.
+    if let Ok(t) = super::target::Target::resolve(&a.mountpoint)
+        && t.is_mounted()
+        && let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new()))
+    {
+        output::replicas_before_unmount(&v);
+    }
     output::unmounted(&mount::unmount(&a.mountpoint)?);
     Ok(0)
 }

@@ -84,6 +84,9 @@ pub(super) fn status(v: &Value, f: Format) {
             println!("read-only:  {why}");
         }
     }
+    for u in v["replica_urls"].as_array().into_iter().flatten() {
+        println!("replica:    {} (ships when mounted)", text(u));
+    }
 }
 
 /// A follower: the writer's last shipped commit, the follower's, and how far behind it is.
@@ -112,7 +115,9 @@ fn follower_line(f: &Value) {
 /// One replica of a mount: how far behind it is, and why while it is out of reach.
 fn replica_line(r: &Value) {
     let behind = r["commits_behind"].as_u64().unwrap_or(0);
-    let state = if behind == 0 {
+    let state = if !r["error"].is_null() {
+        format!("{behind} commits behind, failing")
+    } else if behind == 0 {
         "up to date".to_string()
     } else {
         format!(
@@ -128,9 +133,98 @@ fn replica_line(r: &Value) {
     if let Some(e) = r["error"].as_str() {
         println!("            unreachable: {e}");
     }
+    if let Some(p) = r["problem"].as_str() {
+        println!("            started a new generation: {p}");
+    }
     if let Some(e) = r["fenced"].as_str() {
         println!("            {e}");
     }
+}
+
+/// A mount just made: the replicas it ships to.
+pub(super) fn replicating(status: &Value) {
+    for r in status["replicas"].as_array().into_iter().flatten() {
+        eprintln!("replicating to {}", text(&r["url"]));
+    }
+}
+
+/// Before an unmount: the replicas that do not hold every commit yet.
+pub(super) fn replicas_before_unmount(status: &Value) {
+    for r in status["replicas"].as_array().into_iter().flatten() {
+        let behind = r["commits_behind"].as_u64().unwrap_or(0);
+        if behind > 0 || !r["error"].is_null() {
+            eprintln!(
+                "replica {} is {behind} commits behind{}; the daemon makes one last bounded upload and logs what it leaves unshipped",
+                text(&r["url"]),
+                r["error"]
+                    .as_str()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// `restore`: the replica URLs the restored store no longer ships to.
+pub(super) fn replicas_dropped(urls: &[String]) {
+    if urls.is_empty() {
+        return;
+    }
+    for u in urls {
+        eprintln!("the restored store no longer ships to replica {u}");
+    }
+    let flags: Vec<String> = urls.iter().map(|u| format!("--replica {u}")).collect();
+    eprintln!(
+        "(a restored store ships nowhere until told: mount it with {} to continue)",
+        flags.join(" ")
+    );
+}
+
+/// The lines of a generation's findings: its problem, and where its chain breaks.
+fn findings(g: &crate::replica::restore::GenerationInfo) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = &g.problem {
+        out.push(format!("{}: cannot be restored from: {p}", g.generation));
+    }
+    if let Some(b) = &g.broken {
+        out.push(format!("{}: {b}", g.generation));
+    }
+    out
+}
+
+/// `replica verify`: one line per finding (on stdout), or `ok` lines; whether all verified.
+pub(super) fn replica_verified(
+    url: &str,
+    list: &[crate::replica::restore::GenerationInfo],
+    f: Format,
+) -> bool {
+    let sound = list.iter().all(|g| g.is_sound()) && !list.is_empty();
+    if f == Format::Json {
+        let found: Vec<String> = list.iter().flat_map(findings).collect();
+        println!(
+            "{}",
+            json!({"url": url, "ok": sound, "findings": found, "generations": list})
+        );
+        return sound;
+    }
+    if list.is_empty() {
+        println!("{url}: no generations");
+    }
+    for g in list {
+        let found = findings(g);
+        if found.is_empty() {
+            println!(
+                "{}: ok, commits {}..={} verify",
+                g.generation,
+                g.commit.unwrap_or(0),
+                g.last_commit.unwrap_or(0)
+            );
+        }
+        for line in found {
+            println!("{line}");
+        }
+    }
+    sound
 }
 
 /// `replica ls`: one line per generation, oldest first.
@@ -147,9 +241,10 @@ pub(super) fn replica_ls(url: &str, list: &[crate::replica::restore::GenerationI
     for g in list {
         let (Some(first), Some(last)) = (g.commit, g.last_commit) else {
             println!(
-                "{:<30} {}  (incomplete: never finished uploading)",
+                "{:<30} {}  (cannot be restored from: {})",
                 g.generation,
-                fmt_time(g.started_ns)
+                fmt_time(g.started_ns),
+                g.problem.as_deref().unwrap_or("incomplete")
             );
             continue;
         };
@@ -161,6 +256,20 @@ pub(super) fn replica_ls(url: &str, list: &[crate::replica::restore::GenerationI
             last,
             g.last_time_ns.map(fmt_time).unwrap_or_default()
         );
+        if let Some(p) = &g.problem {
+            println!("{:<30} cannot be restored from: {p}", "");
+        }
+        if let Some(b) = &g.broken {
+            println!(
+                "{:<30} breaks after commit {}: {} (the replica lists up to commit {})",
+                "",
+                b.last_good_commit,
+                b.segment
+                    .as_deref()
+                    .map_or(b.reason.clone(), |s| format!("{s}: {}", b.reason)),
+                b.listed_commit
+            );
+        }
     }
 }
 
@@ -182,6 +291,13 @@ pub(super) fn restored_from(r: &crate::replica::restore::Restored, f: Format) {
     if let Some(k) = &r.kept {
         eprintln!("the previous store is kept as {}", k.display());
     }
+    if let Some(b) = &r.broken {
+        eprintln!(
+            "warning: restored to the last verified commit only ({} commits listed past it were not restored): {b}",
+            b.listed_commit.saturating_sub(b.last_good_commit)
+        );
+    }
+    replicas_dropped(&r.dropped_replicas);
 }
 
 pub(super) fn repaired(fixes: &[String]) {

@@ -490,7 +490,8 @@ fn open_fs(
     created: &mut Created,
 ) -> Result<Arc<Fs>, String> {
     let (store, limits) = open_store(store_path, &req.limits, req.read_only, created)?;
-    crate::replica::config::remember(&store, &req.replica, req.read_only)?;
+    let mp = absolute(&req.mountpoint)?;
+    crate::replica::config::remember(&store, &req.replica, req.read_only, &mp)?;
     // The session's write-ahead log (the first commit made it): closing the store removes it,
     // and so does a failed attempt. A read-only mount has none.
     if !req.read_only {

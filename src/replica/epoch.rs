@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use super::{Target, epoch_of_generation, runtime};
@@ -115,16 +115,9 @@ fn epoch_path(target: &Target, n: u64, ext: &str) -> ObjPath {
 
 /// The epochs listed (ascending), and which of them were released.
 async fn epoch_numbers(target: &Target) -> Result<(Vec<u64>, Vec<u64>), String> {
-    let list = target
-        .store
-        .list_with_delimiter(Some(&target.path("epochs")))
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_, objects, _) = target.list_dir(&target.path("epochs")).await?;
     let (mut held, mut released) = (Vec::new(), Vec::new());
-    for o in &list.objects {
-        let Some(name) = o.location.filename() else {
-            continue;
-        };
+    for (name, _) in &objects {
         if let Some(n) = name.strip_suffix(".json").and_then(|n| n.parse().ok()) {
             held.push(n);
         } else if let Some(n) = name.strip_suffix(".released").and_then(|n| n.parse().ok()) {
@@ -135,20 +128,20 @@ async fn epoch_numbers(target: &Target) -> Result<(Vec<u64>, Vec<u64>), String> 
     Ok((held, released))
 }
 
+/// An epoch object is a few hundred bytes; a larger one is not ours and is not read.
+const MAX_EPOCH_BYTES: u64 = 64 * 1024;
+
 async fn read_record(target: &Target, n: u64) -> Result<Option<EpochRecord>, String> {
-    match target.store.get(&epoch_path(target, n, "json")).await {
-        Ok(got) => {
-            let bytes = got.bytes().await.map_err(|e| e.to_string())?;
-            match serde_json::from_slice::<EpochRecord>(&bytes) {
-                Ok(r) if r.epoch == n => Ok(Some(r)),
-                _ => {
-                    tracing::warn!(replica = %target.url, epoch = n, "an epoch object does not decode; it is skipped");
-                    Ok(None)
-                }
-            }
+    let path = epoch_path(target, n, "json");
+    let Some(bytes) = target.get_bounded(&path, MAX_EPOCH_BYTES, None).await? else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<EpochRecord>(&bytes) {
+        Ok(r) if r.epoch == n => Ok(Some(r)),
+        _ => {
+            tracing::warn!(replica = %target.shown(), epoch = n, "an epoch object does not decode; it is skipped");
+            Ok(None)
         }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -242,10 +235,10 @@ pub(super) async fn acquire(
                 && h.store == store
                 && (h.pid == std::process::id() || !running(h.pid));
             if takeover {
-                tracing::warn!(replica = %target.url, epoch = n, "taking the writer role over from {}", h.holder());
+                tracing::warn!(replica = %target.shown(), epoch = n, "taking the writer role over from {}", h.holder());
                 taken_over = true;
             } else if restarted {
-                tracing::info!(replica = %target.url, epoch = n, pid = h.pid, "the writer role was this store's, held by a daemon that is gone; taking it again");
+                tracing::info!(replica = %target.shown(), epoch = n, pid = h.pid, "the writer role was this store's, held by a daemon that is gone; taking it again");
             } else {
                 return Err(Refusal::Held(h));
             }
@@ -271,12 +264,20 @@ pub(super) async fn acquire(
         ..PutOptions::default()
     };
     let path = epoch_path(target, record.epoch, "json");
-    match target
-        .store
-        .put_opts(&path, PutPayload::from(json), opts)
-        .await
-    {
-        Ok(_) => {}
+    let created = super::bounded(&format!("creating {path}"), async {
+        match target
+            .store
+            .put_opts(&path, PutPayload::from(json), opts)
+            .await
+        {
+            Ok(_) => Ok(Ok(())),
+            Err(e @ object_store::Error::AlreadyExists { .. }) => Ok(Err(e)),
+            Err(e) => Err(super::err(e)),
+        }
+    })
+    .await;
+    match created.map_err(unreachable)? {
+        Ok(()) => {}
         Err(object_store::Error::AlreadyExists { .. }) => {
             // Another writer took this epoch between our listing and our put.
             return Err(match read_record(target, record.epoch).await {
@@ -285,11 +286,11 @@ pub(super) async fn acquire(
                 Err(e) => unreachable(e),
             });
         }
-        Err(e) => return Err(unreachable(e.to_string())),
+        Err(e) => return Err(unreachable(super::err(e))),
     }
     // The fence now holds this epoch too: its own cut applies to everything older.
     target.load_fence().await.map_err(unreachable)?;
-    tracing::info!(replica = %target.url, epoch = record.epoch, after = ?record.after, "holding the replica's writer role");
+    tracing::info!(replica = %target.shown(), epoch = record.epoch, after = ?record.after, "holding the replica's writer role");
     Ok(Role { record })
 }
 
@@ -297,8 +298,8 @@ pub(super) async fn acquire(
 async fn newest_cut(target: &Target) -> Result<Option<Cut>, String> {
     for name in target.generation_names().await?.iter().rev() {
         if let Some(m) = target.manifest(name).await? {
-            let reach = super::restore::reach(target, &m).await?;
-            let commit = reach.map_or(m.commit, |r| r.0);
+            // Where its chain verifies to: a takeover continues no further.
+            let (commit, _, _) = super::restore::reach(target, &m).await?;
             return Ok(Some(Cut {
                 generation: name.clone(),
                 commit,
@@ -316,8 +317,8 @@ impl Role {
     /// The writer that took the role after this one, if one did.
     pub(super) async fn superseded(&self, target: &Target) -> Result<Option<EpochRecord>, String> {
         let next = self.record.epoch + 1;
-        match target.store.head(&epoch_path(target, next, "json")).await {
-            Ok(_) => Ok(Some(read_record(target, next).await?.unwrap_or(
+        match target.size_of(&epoch_path(target, next, "json")).await? {
+            Some(_) => Ok(Some(read_record(target, next).await?.unwrap_or(
                 EpochRecord {
                     epoch: next,
                     host: "unknown".into(),
@@ -328,8 +329,7 @@ impl Role {
                     takeover: true,
                 },
             ))),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            None => Ok(None),
         }
     }
 

@@ -20,11 +20,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::epoch::Cut;
-use super::restore::{Point, chain};
+use super::restore::{Point, walk};
 use super::{Manifest, Target, runtime};
 use crate::fs::Fs;
 use crate::store::schema::META_FOLLOWED;
-use crate::store::{Store, decode_segment, now_ns, record_time};
+use crate::store::{Store, now_ns};
 
 /// What a follower's store records of what it follows (`meta` "followed"): the replica, the
 /// generation and the commit it holds. A takeover continues from there (`epoch::Cut`).
@@ -94,7 +94,7 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     }
     // Rebuilt beside the store and renamed over it: the store is exactly the replica's state
     // (a `restore` would also make it disown the writer's generation, in a commit of its own).
-    let target = Target::open(url)?;
+    let target = Target::open_existing(url)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -102,9 +102,14 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     let scratch =
         crate::private::parent_dir(path).join(format!(".{name}.follow-{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&scratch);
-    let rebuilt = runtime()?.block_on(super::restore::rebuild(&target, Point::Latest, &scratch));
+    let rebuilt = runtime()?.block_on(super::restore::rebuild(
+        &target,
+        Point::Latest,
+        &scratch,
+        false,
+    ));
     let (m, commit) = match rebuilt {
-        Ok((m, commit, _, _)) => (m, commit),
+        Ok(r) => (r.manifest, r.commit),
         Err(e) => {
             let _ = std::fs::remove_file(&scratch);
             return Err(format!("following {url}: {e}"));
@@ -124,7 +129,7 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
         .apply_shipped(&[], &followed.meta())
         .map_err(|e| e.to_string())?;
     store.freeze(frozen_reason(url));
-    tracing::info!(replica = %url, generation = %followed.generation, commit = followed.commit, "following the replica");
+    tracing::info!(replica = %super::redact(url), generation = %followed.generation, commit = followed.commit, "following the replica");
     Ok(store)
 }
 
@@ -174,7 +179,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Follower {
     /// Starts following `url` into `fs` (prepared by `prepare`), polling every `interval`.
     pub fn start(fs: &Arc<Fs>, url: &str, interval: Duration) -> Result<Follower, String> {
-        let target = Target::open(url)?;
+        let target = Target::open_existing(url)?;
         let followed = Followed::of(fs.store()).ok_or("the store is not a follower's")?;
         let time = fs
             .store()
@@ -293,14 +298,14 @@ impl Poller {
         match result {
             Ok(()) => {
                 if self.failing {
-                    tracing::info!(replica = %self.target.url, commit = s.follower_commit, "the replica answers again; following");
+                    tracing::info!(replica = %self.target.shown(), commit = s.follower_commit, "the replica answers again; following");
                 }
                 self.failing = false;
                 s.error = None;
             }
             Err(e) => {
                 if !self.failing {
-                    tracing::warn!(replica = %self.target.url, error = %e, "cannot follow the replica for now; the mount serves what it has and catches up once the replica answers (`redbfs status` shows how far behind it is)");
+                    tracing::warn!(replica = %self.target.shown(), error = %e, "cannot follow the replica for now; the mount serves what it has and catches up once the replica answers (`redbfs status` shows how far behind it is)");
                 }
                 self.failing = true;
                 s.error = Some(e);
@@ -325,14 +330,12 @@ impl Poller {
         // otherwise it applied what a fenced writer shipped before its successor's cut was
         // known, and starts again from the snapshot.
         let at = self.followed.commit;
-        if at != newest.commit && !segments.iter().any(|s| s.1 == at) {
-            tracing::warn!(replica = %self.target.url, generation = %generation, commit = at, "this follower applied commits a fenced writer shipped; starting again from the generation's snapshot");
+        if at != newest.commit && !segments.iter().any(|l| l.last == at) {
+            tracing::warn!(replica = %self.target.shown(), generation = %generation, commit = at, "this follower applied commits a fenced writer shipped; starting again from the generation's snapshot");
             self.switch_to(&newest).await?;
             segments = self.target.segments(&generation).await?;
         }
-        let log_id = newest.log_id;
-        let links = chain(&segments, self.followed.commit);
-        let reach = links.last().map_or(self.followed.commit, |s| s.1);
+        let reach = segments.iter().map(|l| l.last).max().unwrap_or(at);
         {
             let mut s = lock(&self.state);
             s.writer_commit = reach.max(s.follower_commit);
@@ -340,43 +343,44 @@ impl Poller {
                 s.behind_since = Some(now_ns());
             }
         }
-        for (first, last, _) in links {
-            let bytes = self.target.segment(&generation, first, last).await?;
-            let Some(records) = decode_segment(log_id, &bytes) else {
-                return Err(format!(
-                    "segment {first}-{last} of generation {generation} does not verify; the \
-                     follower stays at commit {}",
-                    self.followed.commit
-                ));
+        // Each segment's verified records in one transaction, as `restore --from` applies
+        // them; the walk stops at a gap or a segment that does not verify.
+        let (fs, state) = (self.fs.clone(), self.state.clone());
+        let mut followed = self.followed.clone();
+        let from = (followed.commit, 0);
+        let walked = walk(&self.target, &newest, &segments, from, &mut |records| {
+            let Some(last) = records.last().map(|r| r.seq()) else {
+                return Ok(true);
             };
-            let todo: Vec<(u64, Vec<u8>)> = records
-                .into_iter()
-                .filter(|r| r.0 > self.followed.commit)
-                .collect();
-            let Some(&(last_seq, _)) = todo.last() else {
-                continue;
-            };
-            let time = todo.iter().rev().find_map(|r| record_time(&r.1));
             let next = Followed {
-                commit: last_seq,
-                ..self.followed.clone()
+                commit: last,
+                ..followed.clone()
             };
             let started = std::time::Instant::now();
-            let changed = self
-                .fs
+            let changed = fs
                 .store()
-                .apply_shipped(&todo, &next.meta())
-                .map_err(|e| format!("applying segment {first}-{last} of {generation}: {e}"))?;
-            self.fs.changed_outside(changed);
-            self.followed = next;
-            let mut s = lock(&self.state);
+                .apply_shipped(&records, &next.meta())
+                .map_err(|e| format!("applying commits up to {last} of {generation}: {e}"))?;
+            fs.changed_outside(changed);
+            followed = next;
+            let mut s = lock(&state);
             s.apply_seconds += started.elapsed().as_secs_f64();
-            s.follower_commit = last_seq;
-            if time.is_some() {
-                s.follower_commit_time_ns = time;
+            s.follower_commit = last;
+            if let Some(t) = records.iter().rev().find_map(|r| r.time()) {
+                s.follower_commit_time_ns = Some(t);
             }
             s.batches += 1;
-            s.records += todo.len() as u64;
+            s.records += records.len() as u64;
+            Ok(true)
+        })
+        .await;
+        self.followed = followed;
+        let walked = walked?;
+        if let Some(b) = walked.broken {
+            return Err(format!(
+                "generation {generation}: {b}; the follower stays at commit {}",
+                self.followed.commit
+            ));
         }
         let mut s = lock(&self.state);
         if s.follower_commit >= s.writer_commit {
@@ -410,12 +414,22 @@ impl Poller {
     /// The store becomes generation `m`'s snapshot, in one transaction.
     async fn switch_to(&mut self, m: &Manifest) -> Result<(), String> {
         let _ = std::fs::remove_file(&self.scratch);
-        let bytes = self
-            .target
-            .get(&self.target.gen_path(&m.generation, "snapshot.redb"))
-            .await?;
-        write_private(&self.scratch, &bytes)?;
-        drop(bytes);
+        {
+            let mut f = crate::private::create_new(&self.scratch)
+                .map_err(|e| crate::private::describe(&self.scratch, e))?;
+            let at = self.target.gen_path(&m.generation, "snapshot.redb");
+            let size = self.target.get_to_file(&at, &mut f).await;
+            let size = size.inspect_err(|_| {
+                let _ = std::fs::remove_file(&self.scratch);
+            })?;
+            if size != m.snapshot_bytes {
+                let _ = std::fs::remove_file(&self.scratch);
+                return Err(format!(
+                    "{}/snapshot.redb holds {size} bytes, its manifest says {}",
+                    m.generation, m.snapshot_bytes
+                ));
+            }
+        }
         let next = Followed {
             url: self.followed.url.clone(),
             generation: m.generation.clone(),
@@ -428,7 +442,7 @@ impl Poller {
             .map_err(|e| format!("switching to generation {}: {e}", m.generation));
         let _ = std::fs::remove_file(&self.scratch);
         self.fs.changed_outside(changed?);
-        tracing::info!(replica = %self.target.url, generation = %m.generation, commit = m.commit, "following a new generation");
+        tracing::info!(replica = %self.target.shown(), generation = %m.generation, commit = m.commit, "following a new generation");
         self.followed = next;
         self.current = Some(m.clone());
         let mut s = lock(&self.state);
@@ -439,12 +453,4 @@ impl Poller {
         s.generations += 1;
         Ok(())
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    let mut f = crate::private::create_new(path).map_err(|e| crate::private::describe(path, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
 }

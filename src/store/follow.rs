@@ -16,7 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::redo::replay_noting;
 use super::schema::*;
-use super::{Store, StoreError, map_err};
+use super::{Store, StoreError, VerifiedRecord, map_err};
 
 /// What a transaction applied from a replica changed: the entries (parent, name) added,
 /// removed or replaced, and the inodes whose attributes or content changed.
@@ -89,17 +89,17 @@ impl Store {
             .clone()
     }
 
-    /// Applies `records` (in order, the first following this store's last commit) in one
-    /// durable transaction, with the follower's own `meta` keys `local` put in it too; the
+    /// Applies verified `records` (in order, the first following this store's last commit)
+    /// in one durable transaction, with the follower's own `meta` keys `local` put in it too; the
     /// store then holds the last record's commit number. What the batch changed.
     pub fn apply_shipped(
         &self,
-        records: &[(u64, Vec<u8>)],
+        records: &[VerifiedRecord],
         local: &[(&str, Vec<u8>)],
     ) -> Result<Changed, StoreError> {
         let at = self.commits.load(Ordering::Acquire);
-        if let Some((first, _)) = records.first()
-            && *first != at + 1
+        if let Some(first) = records.first().map(VerifiedRecord::seq)
+            && first != at + 1
         {
             return Err(StoreError::Corrupt(format!(
                 "a batch starting at commit {first} does not follow commit {at}"
@@ -108,14 +108,15 @@ impl Store {
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let mut last = at;
-        for (seq, payload) in records {
-            if *seq != last + 1 && last != at {
+        for r in records {
+            let seq = r.seq();
+            if seq != last + 1 {
                 return Err(StoreError::Corrupt(format!(
                     "commit {seq} does not follow commit {last}"
                 )));
             }
-            replay_noting(&tx, payload, &mut |t, k| changed.note(t, k))?;
-            last = *seq;
+            replay_noting(&tx, r.payload(), &mut |t, k| changed.note(t, k))?;
+            last = seq;
         }
         finish_meta(&tx, last, local)?;
         tx.set_durability(redb::Durability::Immediate)

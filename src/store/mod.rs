@@ -48,8 +48,9 @@ pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
-    Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
-    encode_segment, record_time,
+    Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,
+    SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,
+    record_time,
 };
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::WriteTxn;
