@@ -80,10 +80,11 @@ fn frozen_reason(url: &str) -> String {
 /// store then opened and frozen. Before the mount, so a replica that cannot be read refuses it.
 pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     if std::fs::symlink_metadata(path).is_ok() {
-        let theirs = Store::open_existing(path)
-            .ok()
-            .and_then(|s| Followed::of(&s))
-            .is_some_and(|f| f.url == url);
+        let theirs = match Store::open_existing(path) {
+            Ok(s) => Followed::of(&s).is_some_and(|f| f.url == url),
+            Err(e @ crate::store::StoreError::AlreadyOpen(_)) => return Err(e.to_string()),
+            Err(_) => false,
+        };
         if !theirs {
             return Err(format!(
                 "{} holds a store that is not a follower's copy of {url}; a follower keeps a \
