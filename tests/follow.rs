@@ -236,6 +236,105 @@ fn op(mp: &Path, i: usize) {
     }
 }
 
+const ME: redbfs::fs::Caller = redbfs::fs::Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: 1,
+};
+
+/// The records the writer's feed holds after commit `after`, as a follower gets them: in a
+/// segment, decoded and verified.
+fn shipped_after(
+    feed: &redbfs::store::Feed,
+    after: u64,
+) -> (u64, Vec<redbfs::store::VerifiedRecord>) {
+    let redbfs::store::Batch::Records(records) = feed.take(after, usize::MAX) else {
+        panic!("the feed broke");
+    };
+    let (first, last) = (records[0].0, records[records.len() - 1].0);
+    let seg = redbfs::store::encode_segment(7, records.iter().map(|r| (r.0, r.1.as_slice())));
+    let verified = redbfs::store::decode_segment(7, &seg, first, last).unwrap();
+    (last, verified)
+}
+
+/// Without a mount: a follower's store (a copy of the writer's, frozen) applies each batch
+/// of the writer's commits in one transaction and says what it changed; a handle opened
+/// before a replace by rename keeps reading the version it opened (and fstat answers from
+/// it), the replaced inode answers ESTALE once let go, the name gives the new version, and
+/// every change is refused as read-only.
+#[test]
+fn a_followers_store_applies_batches_and_keeps_open_versions() {
+    use redbfs::fs::{Error, Fs, Limits, OpenMode};
+    use redbfs::store::{ROOT_INO, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Store::open_or_create(&dir.path().join("w.redb"), (1000, 1000)).unwrap();
+    let attached = ws.attach_feeds(1).unwrap();
+    let w = Fs::new(ws, Limits::default()).unwrap();
+    let copy = dir.path().join("f.redb");
+    w.store()
+        .read()
+        .unwrap()
+        .copy_to(&copy, &mut |_| {})
+        .unwrap();
+    let fstore = Store::open_existing(&copy).unwrap();
+    fstore.freeze("a follower".into());
+    let f = Fs::new(fstore, Limits::default()).unwrap();
+    let write = |name: &str, data: &[u8]| {
+        let (inode, fh) = w
+            .create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
+            .unwrap();
+        w.write(ME, fh, 0, data).unwrap();
+        w.flush(fh).unwrap();
+        w.release(fh).unwrap();
+        w.forget(inode.ino, 1);
+    };
+    let feed = &attached.feeds[0];
+
+    write("a.md", b"first version");
+    let (at, batch) = shipped_after(feed, attached.from);
+    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    assert!(
+        changed.dirents.contains(&(ROOT_INO, "a.md".to_string())),
+        "{changed:?}"
+    );
+    f.changed_outside(changed);
+    let old = f.lookup(ROOT_INO, b"a.md").unwrap();
+    let fh = f.open(ME, old.ino, OpenMode::default()).unwrap();
+
+    write(".tmp-1", b"second version, longer");
+    w.rename(ME, ROOT_INO, b".tmp-1", ROOT_INO, b"a.md", 0)
+        .unwrap();
+    let (_, batch) = shipped_after(feed, at);
+    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    assert!(changed.inodes.contains(&old.ino), "{changed:?}");
+    f.changed_outside(changed);
+    assert_eq!(f.read(fh, 0, 4096).unwrap(), b"first version");
+    assert_eq!(
+        f.getattr(old.ino).unwrap().size,
+        13,
+        "fstat of the open version"
+    );
+    f.release(fh).unwrap();
+    assert!(matches!(f.getattr(old.ino), Err(Error::Stale)));
+    assert!(matches!(
+        f.open(ME, old.ino, OpenMode::default()),
+        Err(Error::Stale)
+    ));
+    let new = f.lookup(ROOT_INO, b"a.md").unwrap();
+    assert_ne!(new.ino, old.ino);
+    let fh = f.open(ME, new.ino, OpenMode::default()).unwrap();
+    assert_eq!(f.read(fh, 0, 4096).unwrap(), b"second version, longer");
+    f.release(fh).unwrap();
+    assert!(matches!(
+        f.create(ME, ROOT_INO, b"mine.md", 0o600, 0, libc::O_WRONLY),
+        Err(Error::ReadOnly)
+    ));
+    assert!(matches!(
+        f.unlink(ME, ROOT_INO, b"a.md"),
+        Err(Error::ReadOnly)
+    ));
+}
+
 /// A follower shows what the writer shipped, refuses changes, answers the history commands,
 /// and follows a new generation (the writer's store changed offline) without unmounting; the
 /// kernel's caches show each change at once (`cat` right after the follower applied it).
