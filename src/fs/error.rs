@@ -163,7 +163,10 @@ impl fmt::Display for Error {
                 f,
                 "pid {maker} changed the file after this process last read it; read it again and retry (--lost-updates refuse)"
             ),
-            Error::ReadOnly => write!(f, "the mount is read-only (--read-only)"),
+            Error::ReadOnly => write!(
+                f,
+                "the mount is read-only (--read-only, a follower, or a writer fenced by a newer one: `redbfs status` says which)"
+            ),
             Error::Poisoned => write!(
                 f,
                 "an earlier commit failed; the store refuses writes until the daemon restarts"
