@@ -714,6 +714,54 @@ fn a_killed_writer_is_taken_over_at_random_points() {
     }
 }
 
+/// Every writing mount takes an epoch; those older than every generation left are removed
+/// with the generations (never the newest), and the replica still restores.
+#[test]
+fn epochs_older_than_every_generation_are_pruned() {
+    if !fuse_available() {
+        return;
+    }
+    let (rep, url) = file_replica();
+    let mut w = Host::new(&[]);
+    let options = [
+        "--replica",
+        url.as_str(),
+        "--replica-interval",
+        "100ms",
+        "--replica-snapshot-every",
+        "1s",
+        "--replica-keep",
+        "1s",
+    ];
+    let epochs = || {
+        let dir = rep.path().join("replica/epochs");
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        n.sort();
+        n
+    };
+    for i in 0..4 {
+        w.mount(&options);
+        std::fs::create_dir_all(w.mp.join("memories")).unwrap();
+        std::fs::write(w.mp.join(format!("memories/{i}.md")), "x").unwrap();
+        // A new generation of this epoch starts after a second, and old ones go with it.
+        let until = Instant::now() + Duration::from_secs(60);
+        while epochs().len() > 2 || w.status()["replicas"][0]["snapshots"] == 0 {
+            assert!(Instant::now() < until, "{:?}\n{}", epochs(), w.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        w.shipped();
+        w.unmount();
+    }
+    let left = epochs();
+    assert!(left.len() <= 2, "{left:?}");
+    assert_eq!(left.last().unwrap(), &format!("{:020}.json", 4));
+    assert_eq!(w.restore(&url, None).len(), 5, "memories/ and four files");
+}
+
 /// A stock SDK agent's memory tool, kept open, fed one command at a time.
 struct Agent {
     child: Child,

@@ -145,6 +145,21 @@ async fn read_record(target: &Target, n: u64) -> Result<Option<EpochRecord>, Str
     }
 }
 
+/// Removes the epochs numbered below `below` (their objects and release markers), never the
+/// newest: none of them judges a generation that is left (see `ship`'s pruning).
+pub(super) async fn prune(target: &Target, below: u64) -> Result<(), String> {
+    let (held, released) = epoch_numbers(target).await?;
+    let newest = held.last().copied().unwrap_or(0);
+    for n in held.iter().chain(&released) {
+        if *n < below && *n < newest {
+            for ext in ["released", "json"] {
+                target.delete(&epoch_path(target, *n, ext)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The writer role of one replica URL, held by this mount.
 #[derive(Clone, Debug)]
 pub struct Role {

@@ -743,6 +743,12 @@ impl Shipper {
                 covered = true;
             }
         }
+        // Every mount takes an epoch: those older than every generation left judge nothing
+        // any more (a generation's segments are of its epoch or later).
+        let names = self.target.generation_names().await?;
+        if let Some(oldest) = names.iter().map(|n| super::epoch_of_generation(n)).min() {
+            epoch::prune(&self.target, oldest).await?;
+        }
         Ok(())
     }
 }
