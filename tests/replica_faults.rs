@@ -625,6 +625,12 @@ fn a_replica_deleted_under_a_mount_starts_a_new_generation() {
         said.contains(&format!("replica:    {url} (ships when mounted)")),
         "an unmounted store lists its replicas: {said}"
     );
+    let out = run(&["replica", "verify", &url], &[]);
+    assert!(
+        out.status.success(),
+        "what was left of the lost generation went: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let (out, restored, _d) = restore(&url, &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     assert_eq!(content(&restored, "b.md"), "after the loss\n");
@@ -758,15 +764,20 @@ fn mutated_segments_never_panic_decode_or_apply() {
         rng
     };
     let (mut decoded, mut applied) = (0, 0);
-    let cases = 400;
+    // A few seconds in the suite; REDBFS_FUZZ_CASES runs longer.
+    let cases: usize = std::env::var("REDBFS_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
     for case in 0..cases {
         let (first, last, seg) = &corpus[next() as usize % corpus.len()];
         let mut bytes = seg.clone();
         for _ in 0..1 + next() % 4 {
             if bytes.is_empty() {
-                break;
+                bytes.push(next() as u8);
+                continue;
             }
-            let at = next() as usize % bytes.len().max(1);
+            let at = next() as usize % bytes.len();
             match next() % 5 {
                 0 => bytes[at] ^= 1 << (next() % 8),
                 1 => bytes.truncate(at),

@@ -180,27 +180,16 @@ pub(super) fn replicas_dropped(urls: &[String]) {
     );
 }
 
-/// The lines of a generation's findings: its problem, and where its chain breaks.
-fn findings(g: &crate::replica::restore::GenerationInfo) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(p) = &g.problem {
-        out.push(format!("{}: cannot be restored from: {p}", g.generation));
-    }
-    if let Some(b) = &g.broken {
-        out.push(format!("{}: {b}", g.generation));
-    }
-    out
-}
-
 /// `replica verify`: one line per finding (on stdout), or `ok` lines; whether all verified.
 pub(super) fn replica_verified(
     url: &str,
     list: &[crate::replica::restore::GenerationInfo],
     f: Format,
 ) -> bool {
-    let sound = list.iter().all(|g| g.is_sound()) && !list.is_empty();
+    let all = crate::replica::restore::findings(list);
+    let sound = all.is_empty() && !list.is_empty();
     if f == Format::Json {
-        let found: Vec<String> = list.iter().flat_map(findings).collect();
+        let found: Vec<String> = all.iter().map(|(g, l)| format!("{g}: {l}")).collect();
         println!(
             "{}",
             json!({"url": url, "ok": sound, "findings": found, "generations": list})
@@ -211,8 +200,17 @@ pub(super) fn replica_verified(
         println!("{url}: no generations");
     }
     for g in list {
-        let found = findings(g);
-        if found.is_empty() {
+        let found: Vec<String> = all
+            .iter()
+            .filter(|f| f.0 == g.generation)
+            .map(|(g, l)| format!("{g}: {l}"))
+            .collect();
+        if found.is_empty() && g.commit.is_none() {
+            println!(
+                "{}: an upload that never finished (no manifest)",
+                g.generation
+            );
+        } else if found.is_empty() {
             println!(
                 "{}: ok, commits {}..={} verify",
                 g.generation,

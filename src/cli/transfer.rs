@@ -53,6 +53,10 @@ pub(super) fn restore(a: Restore) -> Result<i32, String> {
     let [snapshot, store] = <[_; 2]>::try_from(a.paths)
         .map_err(|_| "restore SNAPSHOT STORE (or restore --from URL STORE)".to_string())?;
     let store = Target::unmounted(&store, "restoring")?;
+    if let Some(name) = store.file_name().and_then(|n| n.to_str()) {
+        let dir = crate::private::parent_dir(&store);
+        crate::replica::restore::remove_leftovers(&dir, name);
+    }
     let (kept, dropped) = tools::restore_dropping(&snapshot, &store, a.discard_current)?;
     output::restored(&store, kept.as_deref());
     let dropped: Vec<String> = dropped.iter().map(|u| crate::replica::redact(u)).collect();

@@ -46,6 +46,18 @@ fn nix_io(e: nix::Error) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
 
+/// An open refused by `O_NOFOLLOW` (a symlink in the path) is `InvalidData`: the replica
+/// holds what no shipper writes.
+fn refused(e: nix::Error) -> io::Error {
+    match e {
+        nix::Error::ELOOP | nix::Error::ENOTDIR => io::Error::new(
+            io::ErrorKind::InvalidData,
+            "is a symbolic link (or not a directory), which a replica never holds",
+        ),
+        e => nix_io(e),
+    }
+}
+
 /// The directory `parts` below `root` (the root itself may be a symlink: its owner chose it).
 fn open_dir(root: &Path, parts: &[String]) -> io::Result<OwnedFd> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
@@ -57,7 +69,7 @@ fn open_dir(root: &Path, parts: &[String]) -> io::Result<OwnedFd> {
             flags | OFlag::O_NOFOLLOW,
             Mode::empty(),
         )
-        .map_err(nix_io)?;
+        .map_err(refused)?;
     }
     Ok(dir)
 }
@@ -110,13 +122,11 @@ pub fn open(root: &Path, parts: &[String]) -> io::Result<(File, u64)> {
         OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| match e {
-        nix::Error::ELOOP => io::Error::other("is a symbolic link, which a replica never holds"),
-        e => nix_io(e),
-    })?;
+    .map_err(refused)?;
     let st = fstat(fd.as_fd()).map_err(nix_io)?;
     if kind_of(&st) != Kind::File {
-        return Err(io::Error::other(
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
             "is not a regular file, which a replica never holds",
         ));
     }

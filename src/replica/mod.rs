@@ -38,7 +38,7 @@
 //!   read);
 //! - `Target::read_segment` reads one segment and returns its records verified
 //!   (`store::decode_segment`: whole, checksummed, numbered as named, every entry of a known
-//!   table with keys and values of the form redb takes), or `SegmentError::Bad` naming the
+//!   table with keys and values of the form redb takes), or `ReadError::Bad` naming the
 //!   offset at fault;
 //! - `restore::walk` reads a generation's chain in commit order and stops at the first gap
 //!   or bad segment (`restore::Break`); `restore::records_after` gives the verified records
@@ -241,7 +241,7 @@ pub fn scrub(text: &str) -> String {
             .iter()
             .any(|s| k.contains(s))
             && !k.ends_with("KEY_ID");
-        if secret && v.len() >= 4 && out.contains(&v) {
+        if secret && v.len() >= 8 && out.contains(&v) {
             out = out.replace(&v, "***");
         }
     }
@@ -265,17 +265,24 @@ async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, String>>) -> R
 
 /// Runs blocking `f` (a `file://` replica's I/O) on the runtime's blocking threads under the
 /// request timeout. A thread stuck on a hung share is left behind: `Io` never waits for it.
+/// What `local` refuses (`InvalidData`: a symlink, not a regular file) is `ReadError::Bad`.
 async fn blocking<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
-) -> Result<T, String> {
-    bounded(what, async {
-        match tokio::task::spawn_blocking(f).await {
-            Ok(r) => r.map_err(|e| format!("{what}: {e}")),
-            Err(e) => Err(format!("{what}: {e}")),
+) -> Result<T, ReadError> {
+    let done = tokio::time::timeout(io_timeout(), tokio::task::spawn_blocking(f)).await;
+    match done {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) if e.kind() == std::io::ErrorKind::InvalidData => {
+            Err(ReadError::Bad(format!("{what}: {e}")))
         }
-    })
-    .await
+        Ok(Ok(Err(e))) => Err(ReadError::Unreachable(format!("{what}: {e}"))),
+        Ok(Err(e)) => Err(ReadError::Unreachable(format!("{what}: {e}"))),
+        Err(_) => Err(ReadError::Unreachable(format!(
+            "{what}: no answer within {:?} (REDBFS_REPLICA_TIMEOUT)",
+            io_timeout()
+        ))),
+    }
 }
 
 /// A generation's name as a shipper makes it: 20 digits, a dash, 8 hex digits; since epochs,
@@ -477,7 +484,7 @@ impl Target {
     }
 
     /// The size of object `path`; None when it does not exist.
-    async fn size_of(&self, path: &ObjPath) -> Result<Option<u64>, String> {
+    async fn size_of(&self, path: &ObjPath) -> Result<Option<u64>, ReadError> {
         let what = format!("reading {path}");
         if let Some(root) = &self.local {
             let (root, parts) = (root.clone(), Target::parts(path));
@@ -496,6 +503,7 @@ impl Target {
             }
         })
         .await
+        .map_err(ReadError::Unreachable)
     }
 
     /// Bytes `range` of object `path` (the range lies within its size), one request.
@@ -503,7 +511,7 @@ impl Target {
         &self,
         path: &ObjPath,
         range: std::ops::Range<u64>,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, ReadError> {
         let what = format!("reading {path}");
         let want = (range.end - range.start) as usize;
         let got = if let Some(root) = &self.local {
@@ -521,10 +529,13 @@ impl Target {
                     .map(|b| b.to_vec())
                     .map_err(err)
             })
-            .await?
+            .await
+            .map_err(ReadError::Unreachable)?
         };
         if got.len() != want {
-            return Err(format!("{what}: it changed while being read"));
+            return Err(ReadError::Bad(format!(
+                "{what}: it changed while being read"
+            )));
         }
         Ok(got)
     }
@@ -536,15 +547,19 @@ impl Target {
         path: &ObjPath,
         max: u64,
         expected: Option<u64>,
-    ) -> Result<Option<Vec<u8>>, String> {
+    ) -> Result<Option<Vec<u8>>, ReadError> {
         let Some(size) = self.size_of(path).await? else {
             return Ok(None);
         };
         if size > max {
-            return Err(format!("{path}: {size} bytes, over the limit of {max}"));
+            return Err(ReadError::Bad(format!(
+                "{path}: {size} bytes, over the limit of {max}"
+            )));
         }
         if expected.is_some_and(|e| e != size) {
-            return Err(format!("{path}: it changed while being read"));
+            return Err(ReadError::Bad(format!(
+                "{path}: it changed while being read"
+            )));
         }
         let mut out = Vec::with_capacity(size as usize);
         while (out.len() as u64) < size {
@@ -580,7 +595,9 @@ impl Target {
         let what = format!("listing {dir}");
         if let Some(root) = &self.local {
             let (root, parts) = (root.clone(), Target::parts(dir));
-            let entries = blocking(&what, move || local::list(&root, &parts)).await?;
+            let entries = blocking(&what, move || local::list(&root, &parts))
+                .await
+                .map_err(String::from)?;
             let (mut dirs, mut objects, mut odd) = (Vec::new(), Vec::new(), Vec::new());
             for e in entries {
                 let raw = e.name.into_encoded_bytes();
@@ -637,18 +654,18 @@ impl Target {
 
     /// A generation's manifest; None when it has none (its upload never finished). A
     /// manifest that does not parse, or names another generation, is an error.
-    pub async fn manifest(&self, generation: &str) -> Result<Option<Manifest>, String> {
+    pub async fn manifest(&self, generation: &str) -> Result<Option<Manifest>, ReadError> {
         let at = self.gen_path(generation, "manifest.json");
         let Some(bytes) = self.get_bounded(&at, MAX_MANIFEST_BYTES, None).await? else {
             return Ok(None);
         };
         let m: Manifest = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{generation}/manifest.json: {e}"))?;
+            .map_err(|e| ReadError::Bad(format!("{generation}/manifest.json: {e}")))?;
         if m.generation != generation || m.version != 1 {
-            return Err(format!(
+            return Err(ReadError::Bad(format!(
                 "{generation}/manifest.json: describes generation {:?} of layout {}",
                 m.generation, m.version
-            ));
+            )));
         }
         // A generation a fenced writer started after the takeover is not offered.
         let stands = self.stands(generation, epoch_of_generation(generation), m.commit);
@@ -697,33 +714,21 @@ impl Target {
         &self,
         m: &Manifest,
         link: &Link,
-    ) -> Result<Vec<crate::store::VerifiedRecord>, SegmentError> {
+    ) -> Result<Vec<crate::store::VerifiedRecord>, ReadError> {
         let limit = crate::store::MAX_SEGMENT_BYTES;
         if link.size > limit {
-            return Err(SegmentError::Bad(format!(
+            return Err(ReadError::Bad(format!(
                 "{} bytes, over the limit of {limit}; not read",
                 link.size
             )));
         }
         let path = self.gen_path(&m.generation, &link.name());
-        let bytes = match self.get_bounded(&path, limit, Some(link.size)).await {
-            Ok(Some(b)) => b,
-            Ok(None) => {
-                return Err(SegmentError::Unreachable(format!(
-                    "{path}: gone while being read"
-                )));
-            }
-            Err(e)
-                if e.contains("not a regular file")
-                    || e.contains("symbolic link")
-                    || e.contains("over the limit") =>
-            {
-                return Err(SegmentError::Bad(e));
-            }
-            Err(e) => return Err(SegmentError::Unreachable(e)),
-        };
+        let bytes = self
+            .get_bounded(&path, limit, Some(link.size))
+            .await?
+            .ok_or_else(|| ReadError::Unreachable(format!("{path}: gone while being read")))?;
         crate::store::decode_segment(m.log_id, &bytes, link.first, link.last)
-            .map_err(|f| SegmentError::Bad(f.to_string()))
+            .map_err(|f| ReadError::Bad(f.to_string()))
     }
 
     /// Removes every object of a generation.
@@ -750,13 +755,30 @@ impl Target {
     }
 }
 
-/// Why a segment could not be used.
+/// Why an object of a replica could not be used.
 #[derive(Clone, Debug)]
-pub enum SegmentError {
-    /// Its bytes are not what a shipper writes (damaged, forged, or not a file).
+pub enum ReadError {
+    /// What is there is not what a shipper writes (damaged, forged, too large, a symlink or
+    /// not a regular file): the replica is broken there.
     Bad(String),
-    /// It could not be read (the replica is out of reach).
+    /// It could not be read (the replica is out of reach, or did not answer in time).
     Unreachable(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Bad(s) | ReadError::Unreachable(s) => f.write_str(s),
+        }
+    }
+}
+
+impl From<ReadError> for String {
+    fn from(e: ReadError) -> String {
+        match e {
+            ReadError::Bad(s) | ReadError::Unreachable(s) => s,
+        }
+    }
 }
 
 /// The environment's variables starting with `prefix`, names in lower case (as each

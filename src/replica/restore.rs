@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{Link, Manifest, SegmentError, Target, runtime};
+use super::{Link, Manifest, ReadError, Target, runtime};
 use crate::store::{Rebuild, VerifiedRecord};
 
 /// Which state of the store to restore.
@@ -124,12 +124,12 @@ pub async fn walk(
         }
         let records = match target.read_segment(m, link).await {
             Ok(r) => r,
-            Err(SegmentError::Bad(reason)) => {
+            Err(ReadError::Bad(reason)) => {
                 let name = format!("{}/{}", m.generation, link.name());
                 w.broken = Some(fault(Some(name), reason, &w));
                 return Ok(w);
             }
-            Err(SegmentError::Unreachable(e)) => return Err(e),
+            Err(ReadError::Unreachable(e)) => return Err(e),
         };
         w.segments += 1;
         let fresh: Vec<VerifiedRecord> =
@@ -200,10 +200,35 @@ pub struct GenerationInfo {
 }
 
 impl GenerationInfo {
-    /// Whether it restores, whole, to everything it lists.
-    pub fn is_sound(&self) -> bool {
-        self.broken.is_none() && self.problem.is_none()
+    /// Whether it never got a manifest (a snapshot upload that did not finish).
+    fn is_unfinished(&self) -> bool {
+        self.commit.is_none() && self.problem.as_deref() == Some(NO_MANIFEST)
     }
+}
+
+const NO_MANIFEST: &str = "no manifest: its upload never finished";
+
+/// What `replica verify` reports for `list` (oldest first): (generation, finding) for every
+/// break and every generation that cannot be restored from; an older generation whose upload
+/// never finished is left out (a shipper stopped mid-snapshot leaves one; pruning takes it),
+/// the newest counts.
+pub fn findings(list: &[GenerationInfo]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, g) in list.iter().enumerate() {
+        let newest = i + 1 == list.len();
+        if let Some(p) = &g.problem
+            && (newest || !g.is_unfinished())
+        {
+            out.push((
+                g.generation.clone(),
+                format!("cannot be restored from: {p}"),
+            ));
+        }
+        if let Some(b) = &g.broken {
+            out.push((g.generation.clone(), b.to_string()));
+        }
+    }
+    out
 }
 
 /// The generations of the replica at `url` (or just `only`), oldest first, each verified.
@@ -241,8 +266,8 @@ async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String>
     };
     let manifest = match target.manifest(name).await {
         Ok(m) => m,
-        Err(e) if e.contains("no answer within") => return Err(e),
-        Err(e) => {
+        Err(ReadError::Unreachable(e)) => return Err(e),
+        Err(ReadError::Bad(e)) => {
             info.problem = Some(e);
             return Ok(info);
         }
@@ -251,7 +276,7 @@ async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String>
     info.segments = links.len();
     info.bytes = links.iter().map(|l| l.size).sum();
     let Some(m) = manifest else {
-        info.problem = Some("no manifest: its upload never finished".into());
+        info.problem = Some(NO_MANIFEST.into());
         return Ok(info);
     };
     info.commit = Some(m.commit);
@@ -316,8 +341,9 @@ fn scratch_name(name: &str, pid: u32) -> String {
     format!(".{name}.from-replica-{pid}.tmp")
 }
 
-/// Removes what a killed `restore --from` left beside `store` (its process is gone).
-fn remove_leftovers(dir: &Path, name: &str) {
+/// Removes what a killed `restore` or `restore --from` left in `dir` for the store named
+/// `name` (its process is gone): the rebuilt scratch file and the checked copy.
+pub fn remove_leftovers(dir: &Path, name: &str) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -326,8 +352,11 @@ fn remove_leftovers(dir: &Path, name: &str) {
         let n = e.file_name();
         let Some(pid) = n
             .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
-            .and_then(|n| n.strip_suffix(".tmp"))
+            .and_then(|n| {
+                n.strip_prefix(&prefix)
+                    .and_then(|n| n.strip_suffix(".tmp"))
+                    .or_else(|| n.strip_prefix(".restore-tmp-"))
+            })
             .and_then(|p| p.parse::<i32>().ok())
         else {
             continue;

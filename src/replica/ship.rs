@@ -45,6 +45,8 @@ use crate::store::{Batch, Feed, Record, SEGMENT_BYTES, encode_segment, now_ns};
 const PART_BYTES: usize = 16 * 1024 * 1024;
 /// How often old generations are looked for (and after each new generation).
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// Why a generation is dropped when its manifest went away.
+const GENERATION_GONE: &str = "its manifest is gone";
 /// The generation's health is checked at least this often (and every ten intervals).
 const CHECK_EVERY: Duration = Duration::from_secs(60);
 
@@ -473,10 +475,21 @@ impl Shipper {
         let check_every = (self.settings.interval() * 10).min(CHECK_EVERY);
         if self.checked.is_none_or(|t| t.elapsed() >= check_every) {
             if let Some(problem) = self.check_generation().await? {
-                let g = self.generation.as_ref().map_or("", |g| g.name.as_str());
+                let g = self
+                    .generation
+                    .as_ref()
+                    .map_or(String::new(), |g| g.name.clone());
                 tracing::warn!(replica = %self.target.shown(), generation = %g, "the replica's generation can no longer be restored from ({problem}); starting a new generation");
                 lock(&self.lag).problem = Some(format!("generation {g}: {problem}"));
                 self.start_generation().await?;
+                // Without its manifest nothing of it can be restored: what this shipper put
+                // there meanwhile goes (a generation still holding its manifest stays, as it
+                // restores up to its gap).
+                if problem == GENERATION_GONE
+                    && let Err(e) = self.target.remove_generation(&g).await
+                {
+                    tracing::info!(replica = %self.target.shown(), generation = %g, error = %e, "cannot remove what is left of the generation; pruning will");
+                }
             }
             self.checked = Some(Instant::now());
         }
@@ -513,7 +526,7 @@ impl Shipper {
             return Ok(None);
         };
         let Some(m) = self.target.manifest(&g.name).await? else {
-            return Ok(Some("its manifest is gone".into()));
+            return Ok(Some(GENERATION_GONE.into()));
         };
         let snapshot = self
             .target

@@ -384,8 +384,11 @@ pub struct Rebuild {
 
 impl Rebuild {
     pub fn open(path: &Path) -> Result<Rebuild, StoreError> {
+        let mut builder = Database::builder();
+        // As a store's own: the hot pages, not the whole file.
+        builder.set_cache_size(super::CACHE_BYTES);
         Ok(Rebuild {
-            db: Database::builder().open(path).map_err(map_err)?,
+            db: builder.open(path).map_err(map_err)?,
         })
     }
 
@@ -403,8 +406,9 @@ impl Rebuild {
 /// Applies verified `records` to the store file at `path` in one durable transaction (see
 /// `apply_verified`). The file must not be open elsewhere.
 pub fn apply_records(path: &Path, records: &[VerifiedRecord]) -> Result<(), StoreError> {
-    let db = Database::builder().open(path).map_err(map_err)?;
-    apply_verified(&db, records, true)
+    let mut r = Rebuild::open(path)?;
+    r.apply(records)?;
+    r.finish()
 }
 
 #[cfg(test)]
