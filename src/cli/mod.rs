@@ -55,13 +55,21 @@ pub fn main() -> i32 {
 
 /// Warnings (and errors) logged by the library print on stderr, `REDBFS_LOG` may say more.
 fn terminal_warnings() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("REDBFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("redbfs=warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // `target=level` directives, as for the daemon; one that does not parse falls back.
+    let filter: Targets = std::env::var("REDBFS_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| "redbfs=warn".parse().expect("the default directive parses"));
+    let layer = tracing_subscriber::fmt::layer()
         .with_target(false)
         .without_time()
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
         .try_init();
 }
 
