@@ -110,6 +110,21 @@ fn copy_of_base() -> (tempfile::TempDir, PathBuf, String) {
     (dir, to, url)
 }
 
+/// The object name a shipper would give segment `first..=last` in generation directory `g`:
+/// with the epoch of the writer whose segments are there.
+fn planted(g: &Path, first: u64, last: u64) -> PathBuf {
+    let epoch = std::fs::read_dir(g.join("segments"))
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.ok()?.file_name().into_string().ok()?;
+            let stem = n.strip_suffix(".seg")?.to_string();
+            stem.splitn(3, '-').nth(2).map(|e| format!("-{e}"))
+        })
+        .next()
+        .unwrap_or_default();
+    g.join(format!("segments/{first:020}-{last:020}{epoch}.seg"))
+}
+
 fn ls_json(url: &str) -> serde_json::Value {
     let out = run(&["replica", "ls", url, "--json"], &[]);
     assert!(out.status.success(), "{}", err_of(&out));
@@ -130,7 +145,9 @@ fn segments(replica: &Path) -> (PathBuf, Vec<(u64, u64, PathBuf)>) {
         .map(|e| {
             let p = e.unwrap().path();
             let n = p.file_stem().unwrap().to_str().unwrap().to_string();
-            let (a, b) = n.split_once('-').unwrap();
+            // first-last, then the writer's epoch (-e...).
+            let mut parts = n.split('-');
+            let (a, b) = (parts.next().unwrap(), parts.next().unwrap());
             (a.parse().unwrap(), b.parse().unwrap(), p)
         })
         .collect();
@@ -283,21 +300,23 @@ fn a_huge_segment_or_a_fifo_is_refused_unread() {
     let (_g, rep, url) = copy_of_base();
     let (g, _) = segments(&rep);
     let next = base().last_commit + 1;
-    let huge = g.join(format!("segments/{next:020}-{:020}.seg", next + 5));
+    let huge = planted(&g, next, next + 5);
     std::fs::File::create(&huge)
         .unwrap()
         .set_len(1 << 30)
         .unwrap();
     refuses_and_names(&url, "over the limit");
     std::fs::remove_file(&huge).unwrap();
-    let fifo = g.join(format!("segments/{next:020}-{next:020}.seg"));
+    let fifo = planted(&g, next, next);
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     refuses_and_names(&url, "not a regular file");
 }
 
 /// A FIFO planted as the next segment of a live replica: the next mount reads the chain
-/// (to continue it), refuses the FIFO instead of blocking on it, starts a new generation,
-/// and its unmount returns.
+/// (to continue it, and to record where its writer role continues from), refuses the FIFO
+/// instead of blocking on it, and its unmount returns. The FIFO lies past the point the new
+/// writer continues from, so it no longer stands: the mount continues the generation or
+/// starts a new one, and the restore holds what it wrote.
 #[test]
 fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
     if !fuse_available() {
@@ -309,7 +328,7 @@ fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
     let (last, _) = ship_session(dir.path(), &rep, 3);
     let g = newest_generation(&rep);
     let next = last + 1;
-    let fifo = g.join(format!("segments/{next:020}-{:020}.seg", next + 1));
+    let fifo = planted(&g, next, next + 1);
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
@@ -327,7 +346,8 @@ fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
     let out = run(&["unmount", mp.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     let v = ls_json(&url);
-    assert_eq!(v["generations"].as_array().unwrap().len(), 2, "{v}");
+    let n = v["generations"].as_array().unwrap().len();
+    assert!(n == 1 || n == 2, "{v}");
     let (out, restored, _d) = restore(&url, &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     assert_eq!(content(&restored, "after.md"), "after the fifo\n");

@@ -52,7 +52,7 @@ pub(super) enum Names {
 #[derive(Subcommand, Debug)]
 pub(super) enum Cmd {
     /// Mount a store (created if missing) on MOUNTPOINT; returns once the mount answers.
-    Mount(Mount),
+    Mount(Box<Mount>),
     /// Unmount; returns once the daemon has closed the store.
     Unmount(Unmount),
     /// Show a mount's or a store's state.
@@ -180,6 +180,18 @@ pub(super) struct Mount {
     /// [default: 7d].
     #[arg(long, value_parser = duration_in(0, MAX_RETENTION_NS))]
     pub replica_keep: Option<u64>,
+    /// Take the replicas' writer role over from the writer that holds it (one writer per
+    /// replica URL): on a follower's store, or one restored with `restore --from`. The old
+    /// writer is fenced at its next upload.
+    #[arg(long, conflicts_with = "follow")]
+    pub takeover: bool,
+    /// Mount a live read-only copy of the replica at URL (its newest generation, kept
+    /// current) instead of a store: the store (--store) is the follower's own private copy.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["replica", "read_only"])]
+    pub follow: Option<String>,
+    /// How often a follower polls its replica, e.g. 1s or 200ms [default: 1s].
+    #[arg(long, value_parser = duration_in(10 * MS, DAY), requires = "follow")]
+    pub follow_interval: Option<u64>,
     /// (internal) report readiness on this descriptor
     #[arg(long, hide = true)]
     pub notify_fd: Option<i32>,

@@ -84,7 +84,7 @@ pub(crate) fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
 /// Runs one command; its exit code, or the error to print.
 fn run(cmd: Cmd) -> Result<i32, String> {
     match cmd {
-        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Mount(a) => mount::mount(*a),
         Cmd::Unmount(a) => mount::unmount(a),
         Cmd::Status(a) => inspect::status(a),
         Cmd::Check(a) => inspect::check(a),

@@ -77,6 +77,13 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
             snapshot_every_ns: a.replica_snapshot_every,
             keep_ns: a.replica_keep,
         },
+        follow: a.follow.map(|url| mount::FollowRequest {
+            url,
+            interval: std::time::Duration::from_nanos(
+                a.follow_interval.unwrap_or(1_000_000_000).max(10_000_000),
+            ),
+        }),
+        takeover: a.takeover,
         created,
     })?;
     if !daemon_here {

@@ -181,9 +181,38 @@ pub(super) fn status(v: &Value, f: Format) {
         for r in v["replicas"].as_array().into_iter().flatten() {
             replica_line(r);
         }
+        if v["follower"].is_object() {
+            follower_line(&v["follower"]);
+        }
+        if let Some(why) = v["read_only_why"].as_str() {
+            println!("read-only:  {why}");
+        }
     }
     for u in v["replica_urls"].as_array().into_iter().flatten() {
         outln!("replica:    {} (ships when mounted)", text(u));
+    }
+}
+
+/// A follower: the writer's last shipped commit, the follower's, and how far behind it is.
+fn follower_line(f: &Value) {
+    let behind = f["commits_behind"].as_u64().unwrap_or(0);
+    let state = if behind == 0 {
+        "up to date".to_string()
+    } else {
+        format!(
+            "{behind} commits ({}s) behind",
+            f["seconds_behind"].as_f64().unwrap_or(0.0)
+        )
+    };
+    println!(
+        "follows:    {} (generation {}): writer shipped commit {}, follower at {}, {state}",
+        text(&f["url"]),
+        text(&f["generation"]),
+        f["writer_commit"],
+        f["follower_commit"]
+    );
+    if let Some(e) = f["error"].as_str() {
+        println!("            cannot follow now: {e}");
     }
 }
 
@@ -210,6 +239,9 @@ fn replica_line(r: &Value) {
     }
     if let Some(p) = r["problem"].as_str() {
         outln!("            started a new generation: {}", shown(p));
+    }
+    if let Some(e) = r["fenced"].as_str() {
+        println!("            {e}");
     }
 }
 

@@ -201,7 +201,12 @@ impl Fs {
         if mode.write || mode.truncate {
             self.writable()?;
         }
-        let f = self.acquire(ino)?;
+        let pinned = self.pin_version(ino)?;
+        let f = match self.acquire(ino) {
+            // A batch took it between the pin and here: the kernel looks the path up again.
+            Err(Error::NotFound) if pinned.is_some() => return Err(Error::Stale),
+            other => other?,
+        };
         let stored = match self.store.read().and_then(|r| r.inode(ino)) {
             Ok(i) => i,
             Err(e) => {
@@ -236,7 +241,14 @@ impl Fs {
             }
         }
         let fh = self.new_fh();
-        lock(&self.handles).insert(fh, Handle { file: f, mode });
+        lock(&self.handles).insert(
+            fh,
+            Handle {
+                file: f,
+                mode,
+                pinned,
+            },
+        );
         if let Some(i) = stored
             && let Err(e) = self.refresh_atime(i)
         {
@@ -341,9 +353,44 @@ impl Fs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let pinned = lock(&self.handles).get(&fh).and_then(|h| h.pinned.clone());
+        if let Some(p) = pinned {
+            let (f, _) = self.handle(fh)?;
+            return read_pinned(&p, f.ino, offset, len);
+        }
         let (f, _) = self.handle(fh)?;
         let g = lock(&f.content);
         g.read(&self.store, offset, len)
+    }
+
+    /// `ino` as an open handle's pinned version holds it (see `pin_version`).
+    pub(super) fn pinned_inode(&self, ino: u64) -> Result<Option<Inode>> {
+        let pinned = lock(&self.handles)
+            .values()
+            .find(|h| h.file.ino == ino && h.pinned.is_some())
+            .and_then(|h| h.pinned.clone());
+        match pinned {
+            Some(p) => Ok(p.txn.inode(ino)?),
+            None => Ok(None),
+        }
+    }
+
+    /// On a frozen store (a follower's, which changes only by whole batches from its
+    /// writer): the store as it is now, for a handle to read `ino` from; Stale when the
+    /// inode went with a batch since the kernel looked it up.
+    fn pin_version(&self, ino: u64) -> Result<Option<Arc<Pinned>>> {
+        if self.store.frozen().is_none() {
+            return Ok(None);
+        }
+        let txn = self.store.read()?;
+        let inode = txn.inode(ino)?.ok_or(Error::Stale)?;
+        if inode.kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        Ok(Some(Arc::new(Pinned {
+            txn,
+            size: inode.size,
+        })))
     }
 
     pub fn write(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
@@ -408,4 +455,29 @@ impl Fs {
     pub fn fsyncdir(&self) -> Result<()> {
         Ok(self.store.sync()?)
     }
+}
+
+/// Reads up to `len` bytes at `offset` of `ino` as `p` holds it; holes read as zeros.
+fn read_pinned(p: &Pinned, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+    if offset >= p.size || len == 0 {
+        return Ok(Vec::new());
+    }
+    let end = p.size.min(offset.saturating_add(len as u64));
+    let mut out = vec![0u8; (end - offset) as usize];
+    let first = offset / crate::store::CHUNK_SIZE;
+    let last = (end - 1) / crate::store::CHUNK_SIZE;
+    let chunks = p.txn.chunks(ino, first, last - first + 1)?;
+    for (idx, data) in (first..).zip(chunks) {
+        let Some(data) = data else {
+            continue;
+        };
+        let chunk_start = idx * crate::store::CHUNK_SIZE;
+        let from = offset.max(chunk_start);
+        let to = end.min(chunk_start + data.len() as u64);
+        if from < to {
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - chunk_start) as usize..(to - chunk_start) as usize]);
+        }
+    }
+    Ok(out)
 }

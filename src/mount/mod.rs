@@ -52,9 +52,20 @@ pub struct MountRequest {
     pub keep_history: Option<u64>,
     /// Replicas and their schedule; `None` fields keep what the store recorded.
     pub replica: crate::replica::ReplicaOverrides,
+    /// Follow this replica read-only instead of mounting the store as it is (`--follow`).
+    pub follow: Option<FollowRequest>,
+    /// Take the replicas' writer role over from whoever holds it (`--takeover`).
+    pub takeover: bool,
     /// What this attempt has created so far (the daemon's log, directories): removed again if
     /// it fails before the mount answers.
     pub created: Created,
+}
+
+/// `--follow URL`: the replica, and how often to poll it.
+#[derive(Clone, Debug)]
+pub struct FollowRequest {
+    pub url: String,
+    pub interval: Duration,
 }
 
 /// History retention of a new store: 30 days.
@@ -352,7 +363,14 @@ fn run_daemon_inner(
     prepare_mountpoint(&mp, created)?;
     check_allow_other(req.allow_other)?;
     let fuse_device = open_fuse_device()?;
-    let fs = open_fs(req, &store_path, created)?;
+    let (fs, roles) = match &req.follow {
+        Some(f) => (open_follower(f, &store_path, created)?, Vec::new()),
+        None => {
+            let fs = open_fs(req, &store_path, created)?;
+            let roles = take_writer_roles(req, &fs)?;
+            (fs, roles)
+        }
+    };
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
     let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
     // From here the control thread holds the filesystem: a failure gives it back, so the store
@@ -365,7 +383,8 @@ fn run_daemon_inner(
     unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
 
     let source = format!("redbfs:{}", store_path.display());
-    let (other, ro) = (req.allow_other, req.read_only);
+    // A follower's mount is read-only in the kernel too: only its follower changes the store.
+    let (other, ro) = (req.allow_other, req.read_only || req.follow.is_some());
     let mounted = match kernel_mount(&mp, &source, other, ro, fuse_device) {
         Ok(Some(fd)) => Ok(fd),
         Ok(None) => fusermount_mount(&mp, &source, other, ro),
@@ -380,7 +399,7 @@ fn run_daemon_inner(
         }
     };
     let on_ready = announce_ready(mp.clone(), store_path, ready.clone());
-    let served = serve_session(req, &fs, &daemon, fd, on_ready);
+    let served = serve_session(req, &fs, &daemon, roles, fd, on_ready);
     if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp).is_some() {
         // Mounted, but the session never started: nothing can have used the mount.
         let _ = nix::mount::umount2(&mp, MntFlags::MNT_DETACH);
@@ -441,23 +460,41 @@ fn announce_ready(
     }
 }
 
-/// Serves the FUSE session on `fd` until it ends, with the store's replicas shipping
-/// meanwhile; then what the session committed last goes up before the replicas stop.
+/// Serves the FUSE session on `fd` until it ends, with the store's replicas shipping (or its
+/// follower applying what the replica it follows holds) meanwhile; then what the session
+/// committed last goes up before the replicas stop.
 fn serve_session(
     req: &MountRequest,
     fs: &Arc<Fs>,
     daemon: &Daemon,
+    roles: Vec<Option<crate::replica::epoch::Role>>,
     fd: std::os::fd::OwnedFd,
     on_ready: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<()> {
+    let follower = match &req.follow {
+        Some(f) => crate::replica::Follower::start(fs, &f.url, f.interval)
+            .map_err(|e| tracing::error!("{e}; not following"))
+            .ok()
+            .map(Arc::new),
+        None => None,
+    };
+    daemon.set_follower(follower.clone());
     let settings = crate::replica::Settings::stored(fs.store());
-    let replication = crate::replica::Replication::start(fs, &settings)
-        .map_err(|e| tracing::error!("{e}; not replicating"))
-        .ok()
-        .flatten()
-        .map(Arc::new);
+    let replication = if req.follow.is_some() {
+        None
+    } else {
+        crate::replica::Replication::start(fs, &settings, roles)
+            .map_err(|e| tracing::error!("{e}; not replicating"))
+            .ok()
+            .flatten()
+            .map(Arc::new)
+    };
     daemon.set_replication(replication.clone());
     let served = crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
+    daemon.set_follower(None);
+    if let Some(f) = follower {
+        f.stop();
+    }
     // What the session committed last goes up before the store closes, the orphans the kernel
     // let go of too (nothing references them once the session ended).
     fs.flush_all();
@@ -744,4 +781,70 @@ fn processes_holding(store: &Path) -> Vec<u32> {
         .collect();
     pids.sort_unstable();
     pids
+}
+
+/// A follower's filesystem: the replica's newest generation restored into the store at
+/// `store_path` (a follower's own, or a new one), frozen against every change but the
+/// follower's.
+fn open_follower(
+    f: &FollowRequest,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<Arc<Fs>, String> {
+    if let Some(parent) = store_path.parent() {
+        created
+            .create_dir_all(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let existed = std::fs::symlink_metadata(store_path).is_ok();
+    let store = crate::replica::follow::prepare(&f.url, store_path)?;
+    if !existed {
+        created.record(store_path);
+    }
+    let limits = Limits::stored(&store);
+    Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// Takes the writer role of every replica the store ships to, before the mount (a role
+/// another writer holds refuses it). With `--takeover`, a follower's store continues the
+/// history where it stands (the commit it followed to); the mark goes in a commit of its own.
+fn take_writer_roles(
+    req: &MountRequest,
+    fs: &Arc<Fs>,
+) -> Result<Vec<Option<crate::replica::epoch::Role>>, String> {
+    let settings = crate::replica::Settings::stored(fs.store());
+    if req.takeover && settings.urls.is_empty() {
+        return Err("--takeover takes a replica's writer role: give --replica URL".into());
+    }
+    if settings.urls.is_empty() || fs.is_read_only() {
+        return Ok(Vec::new());
+    }
+    let fenced = crate::replica::epoch::Fenced::of(fs.store());
+    if !req.takeover
+        && let Some((url, msg)) = fenced
+            .by_url
+            .iter()
+            .find(|(u, _)| settings.urls.contains(u))
+    {
+        return Err(format!(
+            "this store was fenced at replica {url} and takes no writer role there again \
+             without --takeover ({msg}). Mount it with --replica none (or --read-only) to \
+             recover its own changes, or follow the replica instead"
+        ));
+    }
+    let followed = crate::replica::follow::Followed::of(fs.store());
+    let after = followed.as_ref().and_then(|f| {
+        crate::replica::follow::Followed::cut_for(fs.store(), &f.url).map(|c| (f.url.as_str(), c))
+    });
+    let after = if req.takeover { after } else { None };
+    let roles =
+        crate::replica::epoch::acquire_all(&settings.urls, fs.store(), req.takeover, after)?;
+    if req.takeover {
+        crate::replica::epoch::Fenced::forget(fs.store(), &settings.urls);
+    }
+    if followed.is_some() && req.takeover {
+        // The store is a writer's now: a later takeover must not go back to this point.
+        crate::replica::follow::Followed::forget(fs.store()).map_err(|e| e.to_string())?;
+    }
+    Ok(roles)
 }

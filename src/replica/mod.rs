@@ -9,17 +9,25 @@
 //! generations/<gen>/snapshot.redb                  a consistent copy of the store
 //! generations/<gen>/manifest.json                  written after the snapshot: the generation
 //!                                                  exists from then on (see `Manifest`)
-//! generations/<gen>/segments/<first>-<last>.seg    the records of commits first..=last, in the
+//! generations/<gen>/segments/<first>-<last>-e<epoch>.seg
+//!                                                  the records of commits first..=last, in the
 //!                                                  write-ahead log's record layout (numbered,
-//!                                                  checksummed under the manifest's log id)
+//!                                                  checksummed under the manifest's log id),
+//!                                                  shipped by the writer of that epoch
+//! epochs/<epoch>.json                              the writer role (see `epoch`): created with
+//!                                                  a conditional put, never overwritten
+//! epochs/<epoch>.released                          its writer unmounted and let the role go
 //! ```
 //!
-//! `<gen>` is the generation's start time (20 digits of ns since the epoch) and a random
-//! suffix, so names sort by age; commit numbers are 20 digits, so segments sort by commit.
-//! A generation is restorable at its snapshot's commit and at every commit its segments reach
-//! without a gap. Rooms: `config` what the store keeps (the URLs and the schedule), `ship` the
-//! shipping thread of a mount, `restore` listing, verifying and restoring, `local` reading a
-//! `file://` replica safely.
+//! `<gen>` is `e<epoch>-` (the writer's epoch, 20 digits), the generation's start time (20
+//! digits of ns since the epoch) and a random suffix, so names sort by writer, then by age;
+//! commit numbers are 20 digits, so segments sort by commit. Replicas written before epochs
+//! existed have names without them (epoch 0). A generation is restorable at its snapshot's
+//! commit and at every commit its segments reach without a gap, counting only what the epochs
+//! let stand (`epoch::Fence`): nothing a writer shipped after a newer writer took over. Rooms:
+//! `config` what the store keeps (the URLs and the schedule), `ship` the shipping thread of a
+//! mount, `epoch` the writer role, `restore` listing, verifying and restoring, `follow` a live
+//! read-only copy, `local` reading a `file://` replica safely.
 //!
 //! A replica is hostile input: anything may have been put there. Reading one goes through a
 //! single verified path, for restore and for any reader that follows a generation:
@@ -44,16 +52,18 @@
 //!
 //! Invariant kept here: a replica only ever holds a prefix of the store's commits: segments
 //! are uploaded one after the other, each following the last, and only once uploaded whole
-//! does the shipper move on.
+//! does the shipper move on; what a fenced writer uploads is never read back.
 
 pub mod config;
+pub mod epoch;
+pub mod follow;
 mod local;
 pub mod restore;
 pub mod ship;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use object_store::path::Path as ObjPath;
@@ -61,6 +71,7 @@ use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload};
 use serde::{Deserialize, Serialize};
 
 pub use config::{ReplicaOverrides, Settings};
+pub use follow::Follower;
 pub use ship::Replication;
 
 /// What a generation's `manifest.json` says.
@@ -91,12 +102,14 @@ pub struct Link {
     pub first: u64,
     pub last: u64,
     pub size: u64,
+    /// The epoch of the writer that shipped it (0 before epochs).
+    pub epoch: u64,
 }
 
 impl Link {
     /// Its object name under the generation.
     pub fn name(&self) -> String {
-        segment_name(self.first, self.last)
+        segment_name(self.first, self.last, self.epoch)
     }
 }
 
@@ -111,6 +124,8 @@ pub struct Target {
     prefix: ObjPath,
     /// The directory of a `file://` replica.
     local: Option<PathBuf>,
+    /// What the epochs let stand, once `load_fence` read them; None: everything stands.
+    fence: Arc<Mutex<Option<epoch::Fence>>>,
 }
 
 /// rustls's process-wide crypto provider: ring (Cargo.toml says why not aws-lc-rs). reqwest
@@ -270,8 +285,19 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// A generation's name as a shipper makes it: 20 digits, a dash, 8 hex digits.
+/// A generation's name as a shipper makes it: 20 digits, a dash, 8 hex digits; since epochs,
+/// `e`, the epoch's 20 digits and a dash before that.
 fn is_generation_name(name: &str) -> bool {
+    let name = match name.strip_prefix('e') {
+        Some(rest) if rest.len() > 21 && rest.as_bytes()[20] == b'-' => {
+            if !rest.as_bytes()[..20].iter().all(u8::is_ascii_digit) {
+                return false;
+            }
+            &rest[21..]
+        }
+        Some(_) => return false,
+        None => name,
+    };
     let b = name.as_bytes();
     b.len() == 29
         && b[20] == b'-'
@@ -281,14 +307,21 @@ fn is_generation_name(name: &str) -> bool {
             .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
-/// A segment's (first, last) from its object name, if it is one a shipper makes.
-fn parse_segment_name(name: &str) -> Option<(u64, u64)> {
-    let (a, b) = name.strip_suffix(".seg")?.split_once('-')?;
+/// A segment's (first, last, epoch) from its object name, if it is one a shipper makes
+/// (epoch 0: named before epochs).
+fn parse_segment_name(name: &str) -> Option<(u64, u64, u64)> {
+    let name = name.strip_suffix(".seg")?;
+    let (name, epoch) = match name.split_once("-e") {
+        Some((n, e)) if e.len() == 20 => (n, e.parse().ok()?),
+        Some(_) => return None,
+        None => (name, 0),
+    };
+    let (a, b) = name.split_once('-')?;
     if a.len() != 20 || b.len() != 20 {
         return None;
     }
     let (first, last) = (a.parse().ok()?, b.parse().ok()?);
-    (first <= last).then_some((first, last))
+    (first <= last).then_some((first, last, epoch))
 }
 
 /// Warns once about the entries of a listing that are not part of a replica.
@@ -356,6 +389,7 @@ impl Target {
                     store: Arc::new(local),
                     prefix: ObjPath::default(),
                     local: Some(dir),
+                    fence: Arc::default(),
                 });
             }
             ObjectStoreScheme::AmazonS3 => {
@@ -405,7 +439,24 @@ impl Target {
             store,
             prefix,
             local: None,
+            fence: Arc::default(),
         })
+    }
+
+    /// Reads the epochs: from now on what a fenced writer shipped is not listed.
+    pub(crate) async fn load_fence(&self) -> Result<(), String> {
+        let known = self.fence.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let fence = epoch::Fence::read(self, known).await?;
+        *self.fence.lock().unwrap_or_else(|p| p.into_inner()) = Some(fence);
+        Ok(())
+    }
+
+    /// Whether the epochs let (generation, epoch, commit) stand (see `epoch::Fence`).
+    fn stands(&self, generation: &str, epoch: u64, commit: u64) -> bool {
+        match &*self.fence.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(f) => f.stands(generation, epoch, commit),
+            None => true,
+        }
     }
 
     /// The URL as it may be shown.
@@ -630,13 +681,22 @@ impl Target {
                 m.generation, m.version
             )));
         }
-        Ok(Some(m))
+        // A generation a fenced writer started after the takeover is not offered.
+        let stands = self.stands(generation, epoch_of_generation(generation), m.commit);
+        Ok(stands.then_some(m))
     }
 
     /// A generation's segments as listed, by first commit (the longest first among those
-    /// starting at the same commit). Anything else under `segments/` is skipped with one
-    /// warning.
+    /// starting at the same commit), those the epochs let stand (see `load_fence`). Anything
+    /// else under `segments/` is skipped with one warning.
     pub async fn segments(&self, generation: &str) -> Result<Vec<Link>, String> {
+        let mut all = self.all_segments(generation).await?;
+        all.retain(|l| self.stands(generation, l.epoch, l.last));
+        Ok(all)
+    }
+
+    /// A generation's segments as listed, fenced writers' too.
+    async fn all_segments(&self, generation: &str) -> Result<Vec<Link>, String> {
         let (dirs, objects, mut odd) = self
             .list_dir(&self.gen_path(generation, "segments"))
             .await?;
@@ -644,7 +704,12 @@ impl Target {
         let mut out = Vec::new();
         for (name, size) in objects {
             match parse_segment_name(&name) {
-                Some((first, last)) => out.push(Link { first, last, size }),
+                Some((first, last, epoch)) => out.push(Link {
+                    first,
+                    last,
+                    size,
+                    epoch,
+                }),
                 None => odd.push(name),
             }
         }
@@ -686,7 +751,7 @@ impl Target {
         // a reader that sees its objects vanish finds it unfinished, not broken.
         self.delete(&self.gen_path(generation, "manifest.json"))
             .await?;
-        for link in self.segments(generation).await? {
+        for link in self.all_segments(generation).await? {
             self.delete(&self.gen_path(generation, &link.name()))
                 .await?;
         }
@@ -740,13 +805,36 @@ fn env_with(prefix: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn segment_name(first: u64, last: u64) -> String {
-    format!("segments/{first:020}-{last:020}.seg")
+/// A segment's name under its generation; epoch 0 is a replica's from before epochs.
+fn segment_name(first: u64, last: u64, epoch: u64) -> String {
+    if epoch == 0 {
+        format!("segments/{first:020}-{last:020}.seg")
+    } else {
+        format!("segments/{first:020}-{last:020}-e{epoch:020}.seg")
+    }
+}
+
+/// A new generation's name: its writer's epoch, when it started, a random suffix.
+fn generation_name(epoch: u64, started_ns: i64, random: u32) -> String {
+    format!("e{epoch:020}-{started_ns:020}-{random:08x}")
+}
+
+/// The epoch of the writer that started a generation, from its name (0 before epochs).
+fn epoch_of_generation(generation: &str) -> u64 {
+    generation
+        .strip_prefix('e')
+        .and_then(|g| g.split_once('-'))
+        .and_then(|(e, _)| e.parse().ok())
+        .unwrap_or(0)
 }
 
 /// When a generation started, from its name.
 fn started_of(generation: &str) -> Option<i64> {
-    generation.split_once('-')?.0.parse().ok()
+    let g = match generation.strip_prefix('e') {
+        Some(rest) => rest.split_once('-')?.1,
+        None => generation,
+    };
+    g.split_once('-')?.0.parse().ok()
 }
 
 /// A runtime for `object_store` on the calling thread. Dropping it never waits for a
@@ -786,6 +874,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_carry_the_epoch_and_old_ones_read_as_epoch_0() {
+        let g = generation_name(3, 1_700_000_000_000_000_000, 0xab);
+        assert!(is_generation_name(&g), "{g}");
+        assert_eq!(epoch_of_generation(&g), 3);
+        assert_eq!(started_of(&g), Some(1_700_000_000_000_000_000));
+        let old = "01700000000000000000-000000ab";
+        assert!(is_generation_name(old));
+        assert_eq!(epoch_of_generation(old), 0);
+        assert_eq!(started_of(old), Some(1_700_000_000_000_000_000));
+        assert!(
+            old < g.as_str(),
+            "a writer with epochs sorts after the old ones"
+        );
+        for (first, last, epoch) in [(1, 9, 0), (10, 12, 7)] {
+            let name = segment_name(first, last, epoch);
+            let file = name.strip_prefix("segments/").unwrap();
+            assert_eq!(parse_segment_name(file), Some((first, last, epoch)));
+        }
+        assert_eq!(parse_segment_name("1-2-x.seg"), None);
+    }
+
+    #[test]
     fn urls_with_credentials_are_refused_and_shown_redacted() {
         for url in [
             "s3://ID:Secret@bucket/p",
@@ -821,8 +931,19 @@ mod tests {
         assert!(!is_generation_name("../../etc"));
         assert_eq!(
             parse_segment_name("00000000000000000005-00000000000000000009.seg"),
-            Some((5, 9))
+            Some((5, 9, 0))
         );
+        assert_eq!(
+            parse_segment_name(
+                "00000000000000000005-00000000000000000009-e00000000000000000002.seg"
+            ),
+            Some((5, 9, 2))
+        );
+        assert_eq!(
+            parse_segment_name("00000000000000000005-00000000000000000009-e2.seg"),
+            None
+        );
+        assert!(!is_generation_name("e00000000000000000001-0179"));
         assert_eq!(
             parse_segment_name("00000000000000000009-00000000000000000005.seg"),
             None

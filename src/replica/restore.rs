@@ -236,6 +236,7 @@ pub fn list(url: &str, only: Option<&str>) -> Result<Vec<GenerationInfo>, String
     let target = Target::open_existing(url)?;
     let io = runtime()?;
     io.block_on(async {
+        target.load_fence().await?;
         let mut out = Vec::new();
         let names = target.generation_names().await?;
         if let Some(g) = only
@@ -467,22 +468,23 @@ async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<Link>), 
     ))
 }
 
-struct Rebuilt {
-    manifest: Manifest,
-    commit: u64,
-    time_ns: i64,
-    records: usize,
-    broken: Option<Break>,
+pub(super) struct Rebuilt {
+    pub(super) manifest: Manifest,
+    pub(super) commit: u64,
+    pub(super) time_ns: i64,
+    pub(super) records: usize,
+    pub(super) broken: Option<Break>,
 }
 
 /// Streams the chosen generation's snapshot to `scratch` and applies its verified records up
 /// to `point`, segment by segment.
-async fn rebuild(
+pub(super) async fn rebuild(
     target: &Target,
     point: Point,
     scratch: &Path,
     to_last_verified: bool,
 ) -> Result<Rebuilt, String> {
+    target.load_fence().await?;
     let (m, links) = choose(target, point).await?;
     let snapshot = target.gen_path(&m.generation, "snapshot.redb");
     {

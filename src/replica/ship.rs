@@ -17,6 +17,11 @@
 //! (`io_timeout`); stopping makes at most one bounded last upload and says what it left
 //! unshipped, and never waits for a request stuck in the kernel.
 //!
+//! Each shipper holds its replica's writer role (`epoch`), taken before the mount: before
+//! the uploads of each round it checks that no newer writer took the role over; once one did,
+//! the mount is fenced: it ships nothing more, refuses every change (EROFS) and says so once.
+//! A clean stop releases the role after the last upload.
+//!
 //! Invariant kept here: a segment is uploaded only after the one before it (or the snapshot)
 //! was uploaded whole, and records leave the feed only once uploaded.
 
@@ -30,7 +35,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{record_generation, recorded_generation};
-use super::{Manifest, Settings, Target, io_timeout, runtime, segment_name, started_of};
+use super::epoch::{self, EpochRecord, Refusal, Role};
+use super::{
+    Manifest, Settings, Target, generation_name, io_timeout, runtime, segment_name, started_of,
+};
 use crate::fs::Fs;
 use crate::store::{Batch, Feed, Record, SEGMENT_BYTES, encode_segment, now_ns};
 /// A snapshot up to this size goes up in one request; larger ones in parts of this size.
@@ -63,6 +71,10 @@ pub struct Lag {
     /// Why the generation last shipped to could not be restored from, when the shipper found
     /// out (a new generation then started).
     pub problem: Option<String>,
+    /// The writer role's epoch this mount holds (None until it took it).
+    pub epoch: Option<u64>,
+    /// Set once a newer writer took the role over: why this mount ships nothing more.
+    pub fenced: Option<String>,
 }
 
 #[derive(Default)]
@@ -98,8 +110,14 @@ fn lock(m: &Mutex<Lag>) -> MutexGuard<'_, Lag> {
 }
 
 impl Replication {
-    /// Starts shipping `fs`'s commits to each replica of `settings`; None when there is none.
-    pub fn start(fs: &Arc<Fs>, settings: &Settings) -> Result<Option<Replication>, String> {
+    /// Starts shipping `fs`'s commits to each replica of `settings`, holding the writer roles
+    /// `roles` (one per URL, in order; None: taken once the replica answers); None when
+    /// there is no replica.
+    pub fn start(
+        fs: &Arc<Fs>,
+        settings: &Settings,
+        mut roles: Vec<Option<Role>>,
+    ) -> Result<Option<Replication>, String> {
         if settings.urls.is_empty() || fs.is_read_only() {
             return Ok(None);
         }
@@ -123,9 +141,16 @@ impl Replication {
             ended: Mutex::new(ended),
             lags: Vec::new(),
         };
-        for (i, (url, feed)) in urls.into_iter().zip(at.feeds.clone()).enumerate() {
+        roles.resize(urls.len(), None);
+        for (i, ((url, feed), role)) in urls
+            .into_iter()
+            .zip(at.feeds.clone())
+            .zip(roles)
+            .enumerate()
+        {
             let lag = Arc::new(Mutex::new(Lag {
                 url: url.clone(),
+                epoch: role.as_ref().map(Role::epoch),
                 ..Lag::default()
             }));
             r.lags.push((lag.clone(), feed.clone()));
@@ -150,6 +175,10 @@ impl Replication {
                             checked: None,
                             outage: false,
                             scratch,
+                            role,
+                            fence_read: false,
+                            role_checked: false,
+                            fenced: false,
                         };
                         shipper.run(&stop);
                     }
@@ -300,6 +329,14 @@ struct Shipper {
     checked: Option<Instant>,
     outage: bool,
     scratch: PathBuf,
+    /// The writer role (None until taken: the replica was out of reach at mount).
+    role: Option<Role>,
+    /// Whether the epochs were read (once, at the first round).
+    fence_read: bool,
+    /// Whether this round has checked the role yet (once per round with uploads).
+    role_checked: bool,
+    /// A newer writer took the role: nothing more is shipped.
+    fenced: bool,
 }
 
 impl Shipper {
@@ -313,9 +350,10 @@ impl Shipper {
         };
         let mut stopping = false;
         loop {
+            self.role_checked = false;
             if stopping {
                 // The last upload: what the feed holds, bounded as a whole; no new generation.
-                if !self.outage && self.generation.is_some() {
+                if !self.outage && !self.fenced && self.generation.is_some() {
                     // The timer is made inside the runtime, which it needs.
                     let result = rt
                         .block_on(async {
@@ -328,10 +366,93 @@ impl Shipper {
             }
             let result = rt.block_on(self.step());
             self.report(result);
+            if self.fenced {
+                break;
+            }
             stopping = stop.wait(self.settings.interval());
+        }
+        if stopping
+            && !self.fenced
+            && !self.outage
+            && let Some(role) = &self.role
+        {
+            let released = rt
+                .block_on(async {
+                    tokio::time::timeout(io_timeout(), role.release(&self.target)).await
+                })
+                .unwrap_or_else(|_| Err("releasing took too long".into()));
+            match released {
+                Ok(()) => {
+                    tracing::info!(replica = %self.target.shown(), epoch = role.epoch(), "released the replica's writer role")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %self.target.shown(), error = %e, "could not release the replica's writer role; the next writer must take it over (--takeover), or this store takes it again at its next mount")
+                }
+            }
         }
         drop(rt);
         let _ = std::fs::remove_file(&self.scratch);
+    }
+
+    /// Whether this mount may upload: it holds the writer role (taken now if the replica was
+    /// out of reach at mount) and no newer writer took it over. Once one did, fences the mount.
+    async fn may_upload(&mut self) -> Result<bool, String> {
+        if self.fenced {
+            return Ok(false);
+        }
+        if self.role_checked {
+            return Ok(true);
+        }
+        let store = self.fs.store().path().display().to_string();
+        let newer = match &self.role {
+            None => match epoch::acquire(
+                &self.target,
+                &store,
+                false,
+                None,
+                epoch::Roles::held(self.fs.store(), &self.target.url),
+            )
+            .await
+            {
+                Ok(role) => {
+                    lock(&self.lag).epoch = Some(role.epoch());
+                    epoch::Roles::note(self.fs.store(), &self.target.url, role.epoch());
+                    self.role = Some(role);
+                    None
+                }
+                Err(Refusal::Held(h) | Refusal::TakenOver(h)) => Some(h),
+                Err(Refusal::Unreachable(e)) => return Err(e),
+            },
+            Some(role) => role.superseded(&self.target).await?,
+        };
+        if let Some(newer) = newer {
+            self.fence(&newer);
+            return Ok(false);
+        }
+        self.role_checked = true;
+        Ok(true)
+    }
+
+    /// A newer writer holds the role: this mount ships nothing more and refuses changes.
+    fn fence(&mut self, newer: &EpochRecord) {
+        let shipped = lock(&self.lag).shipped_commit;
+        let msg = format!(
+            "fenced: replica {} was taken over by {} (epoch {}); this mount is read-only from \
+             now on and ships nothing more. The replica holds this store's commits up to {}; \
+             later ones stay in this store only",
+            self.target.shown(),
+            newer.holder(),
+            newer.epoch,
+            newer
+                .after
+                .as_ref()
+                .map_or(shipped, |c| c.commit.min(shipped))
+        );
+        tracing::error!("{msg}");
+        self.fs.store().freeze(msg.clone());
+        epoch::Fenced::note(self.fs.store(), &self.target.url, &msg);
+        self.fenced = true;
+        lock(&self.lag).fenced = Some(msg);
     }
 
     /// One warning when the replica goes out of reach, one line when it is back.
@@ -358,6 +479,13 @@ impl Shipper {
     }
 
     async fn step(&mut self) -> Result<(), String> {
+        if self.fenced {
+            return Ok(());
+        }
+        if !self.fence_read {
+            self.target.load_fence().await?;
+            self.fence_read = true;
+        }
         if self.generation.is_none() && !self.feed.is_broken() {
             self.resume().await;
         }
@@ -403,6 +531,9 @@ impl Shipper {
     /// generation first when the chain broke).
     async fn ship_pending(&mut self) -> Result<(), String> {
         loop {
+            if self.fenced {
+                return Ok(());
+            }
             let after = self.generation.as_ref().map_or(0, |g| g.shipped);
             match self.feed.take(after, SEGMENT_BYTES) {
                 Batch::Broken => self.start_generation().await?,
@@ -510,11 +641,17 @@ impl Shipper {
 
     /// Uploads one segment following the last one shipped.
     async fn ship(&mut self, records: Vec<(u64, Record)>) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let g = self.generation.as_mut().ok_or("no generation")?;
         let (first, last) = (records[0].0, records[records.len() - 1].0);
         let bytes = encode_segment(g.log_id, records.iter().map(|r| (r.0, r.1.as_slice())));
         let size = bytes.len() as u64;
-        let path = self.target.gen_path(&g.name, &segment_name(first, last));
+        let path = self
+            .target
+            .gen_path(&g.name, &segment_name(first, last, epoch));
         self.target.put(&path, bytes).await?;
         g.shipped = last;
         self.feed.release(last);
@@ -530,6 +667,10 @@ impl Shipper {
 
     /// A new generation: a snapshot of the store now, uploaded whole, then its manifest.
     async fn start_generation(&mut self) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let _ = std::fs::remove_file(&self.scratch);
         let taken = (|| {
             let r = self.fs.store().read()?;
@@ -543,7 +684,7 @@ impl Shipper {
             format!("taking a snapshot for the replica: {e}")
         })?;
         let started_ns = now_ns();
-        let name = format!("{started_ns:020}-{:08x}", random() as u32);
+        let name = generation_name(epoch, started_ns, random() as u32);
         let uploaded = self.upload_snapshot(&name).await;
         let _ = std::fs::remove_file(&self.scratch);
         let snapshot_bytes = uploaded?;
@@ -640,6 +781,12 @@ impl Shipper {
             if old && self.target.manifest(name).await?.is_some() {
                 covered = true;
             }
+        }
+        // Every mount takes an epoch: those older than every generation left judge nothing
+        // any more (a generation's segments are of its epoch or later).
+        let names = self.target.generation_names().await?;
+        if let Some(oldest) = names.iter().map(|n| super::epoch_of_generation(n)).min() {
+            epoch::prune(&self.target, oldest).await?;
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ mod copy;
 #[doc(hidden)]
 pub mod disk;
 pub mod fault;
+mod follow;
 mod history;
 mod open;
 mod read;
@@ -35,12 +36,13 @@ pub mod wal;
 mod write;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::AtomicU64;
 
 use redb::Database;
 
 pub use copy::CopyStats;
+pub use follow::Changed;
 pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
@@ -188,6 +190,9 @@ pub struct Store {
     /// The replicas' queues of committed records (see `replica`) and where the store was
     /// when they started; set once, when a replicated mount opens the store.
     feeds: OnceLock<replica::Attached>,
+    /// Why `write` refuses although the file is writable (a follower's store, which only its
+    /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
+    frozen: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -213,9 +218,10 @@ impl Store {
         self.writable_db_mut()?.check_integrity().map_err(map_err)
     }
 
-    /// Whether the store was opened read-only (`Store::open_read_only`).
+    /// Whether the store refuses changes: opened read-only (`Store::open_read_only`), or
+    /// frozen (`Store::freeze`).
     pub fn is_read_only(&self) -> bool {
-        matches!(self.db, Engine::ReadOnly(_))
+        matches!(self.db, Engine::ReadOnly(_)) || self.frozen().is_some()
     }
 
     fn writable_db(&self) -> Result<&Database, StoreError> {

@@ -5,7 +5,7 @@
 //! removed only after a checkpoint that covers every record in it succeeded.
 
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, ReadableTable};
@@ -72,6 +72,7 @@ impl Store {
             disk_free: AtomicU64::new(u64::MAX),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
+            frozen: Mutex::new(None),
         }
     }
 
@@ -298,7 +299,7 @@ impl Store {
         };
         wal.check()?;
         if !self.checkpoint_is_last() {
-            let mut w = self.write()?;
+            let mut w = self.write_any()?;
             w.without_history();
             w.commit_checkpoint()?;
         }

@@ -157,6 +157,15 @@ impl<'a> Cursor<'a> {
 /// Applies one log record's changes to `tx`; a record that does not pass `check` is refused
 /// before any of it is applied.
 pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
+    replay_noting(tx, payload, &mut |_, _| {})
+}
+
+/// `replay`, telling `note` the table and key of every change it applies.
+pub(super) fn replay_noting(
+    tx: &redb::WriteTransaction,
+    payload: &[u8],
+    note: &mut dyn FnMut(&str, &[u8]),
+) -> Result<(), StoreError> {
     check(payload).map_err(|(at, why)| {
         StoreError::Corrupt(format!(
             "a record of the log does not decode at byte {at}: {why}"
@@ -204,6 +213,7 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
                 "the log names a table this build does not know: {other}"
             ))),
         }?;
+        note(&name, &key);
     }
     Ok(())
 }

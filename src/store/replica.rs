@@ -257,6 +257,11 @@ impl VerifiedRecord {
         commit_time(&self.payload)
     }
 
+    /// The record's changes (see `redo`), checked.
+    pub(super) fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
     /// The payload's size in bytes.
     pub fn len(&self) -> usize {
         self.payload.len()
