@@ -30,6 +30,15 @@ pub fn socket_path(store: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Where a daemon asked to unmount leaves, for the `redbfs unmount` waiting on it, what each
+/// replica holds after the last upload (`<store>.unshipped`, mode 0600, JSON): the daemon
+/// exits right after, so no socket could carry it.
+pub fn unshipped_path(store: &Path) -> PathBuf {
+    let mut s = store.as_os_str().to_owned();
+    s.push(".unshipped");
+    PathBuf::from(s)
+}
+
 /// What the daemon serves the socket with.
 pub struct Daemon {
     /// The filesystem, until the daemon shuts down and takes it back to close the store.
@@ -41,6 +50,8 @@ pub struct Daemon {
     /// The mount's replication, while it runs.
     replication: std::sync::Mutex<Option<Arc<crate::replica::Replication>>>,
     follower: std::sync::Mutex<Option<Arc<crate::replica::Follower>>>,
+    /// An unmount request came through the socket: its client waits for `unshipped_path`.
+    unmount_asked: std::sync::atomic::AtomicBool,
 }
 
 impl Daemon {
@@ -57,6 +68,7 @@ impl Daemon {
             unmount,
             replication: std::sync::Mutex::new(None),
             follower: std::sync::Mutex::new(None),
+            unmount_asked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -85,6 +97,34 @@ impl Daemon {
     }
 
     /// Takes the filesystem back at shutdown; later requests are refused.
+    /// Leaves what each replica holds after the last upload for the `redbfs unmount` that
+    /// asked (none asked: the log has it already).
+    pub fn report_unshipped(&self, replicas: &[crate::replica::ship::Unshipped]) {
+        if !self.unmount_asked.load(Ordering::Acquire) {
+            return;
+        }
+        let path = unshipped_path(&self.store);
+        let _ = std::fs::remove_file(&path);
+        let written = serde_json::to_vec(replicas)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| crate::private::create_new(&path)?.write_all(&bytes));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %path.display(), "could not leave what the replicas hold for the unmount command");
+        }
+    }
+
+    /// An unmount request: the daemon leaves what the replicas hold for its client.
+    fn unmount_requested(&self) -> Value {
+        self.unmount_asked.store(true, Ordering::Release);
+        match (self.unmount)() {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => {
+                self.unmount_asked.store(false, Ordering::Release);
+                json!({"ok": false, "error": e})
+            }
+        }
+    }
+
     pub fn take_fs(&self) -> Option<Arc<Fs>> {
         self.fs.write().unwrap_or_else(|p| p.into_inner()).take()
     }
@@ -207,10 +247,7 @@ impl Daemon {
         }
         match req.get("op").and_then(Value::as_str) {
             Some("status") => self.status(),
-            Some("unmount") => match (self.unmount)() {
-                Ok(()) => json!({"ok": true}),
-                Err(e) => json!({"ok": false, "error": e}),
-            },
+            Some("unmount") => self.unmount_requested(),
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),

@@ -609,7 +609,19 @@ fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
     assert_eq!(f.restore(url, None), want);
     assert!(!want.keys().any(|k| k.contains("late-")));
 
-    w.unmount();
+    // Its unmount says on the terminal what stays in its store only (exit 1), if anything.
+    let out = w.run(&["unmount", w.mp.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        assert!(said.contains("holds every commit"), "{said}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains("was left without commits") && said.contains("another writer"),
+            "{said}"
+        );
+    }
+    w.mounted = false;
     let out = w.try_mount(&["--replica", url]);
     assert!(
         !out.status.success(),

@@ -103,17 +103,28 @@ fn replicating_to(mountpoint: &Path, store: Option<&Path>) {
     output::replicating(&v);
 }
 
+/// Exit 1 when a replica was left without commits (the mount is gone either way).
 pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
-    // What the replicas still miss: the daemon makes one bounded last upload, and its log says
-    // what it left.
+    // What the replicas still miss: the daemon makes one bounded last upload, then says what
+    // each replica holds.
+    let mut replicating = false;
     if let Ok(t) = super::target::Target::resolve(&a.mountpoint)
         && t.is_mounted()
         && let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new()))
     {
         output::replicas_before_unmount(&v);
+        replicating = v["replicas"].as_array().is_some_and(|r| !r.is_empty());
     }
-    output::unmounted(&mount::unmount(&a.mountpoint)?);
-    Ok(0)
+    let done = mount::unmount(&a.mountpoint)?;
+    output::unmounted(&done.message);
+    Ok(match done.replicas {
+        Some(list) => i32::from(!output::replicas_after_unmount(&list)),
+        None if replicating => {
+            output::replicas_unreported();
+            1
+        }
+        None => 0,
+    })
 }
 
 /// The daemon's log: `log` (made beside the store unless named with --log-file), or stderr.
