@@ -404,6 +404,65 @@ fn a_follower_keeps_current_and_follows_a_new_generation() {
     assert!(tree(&f.mp).contains_key("memories/imported.md"));
 }
 
+/// A follower restarted goes on from its store while the replica's newest generation is still
+/// the one it holds a point of (it applies only what came since); once the writer started a
+/// new generation, it restores that one as a first mount does.
+#[test]
+fn a_restarted_follower_resumes_from_its_store() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    let mut w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    for i in 0..4 {
+        op(&w.mp, i);
+    }
+    let mut f = Host::follower(&url, &[]);
+    f.reaches(w.shipped());
+    f.unmount();
+    for i in 4..8 {
+        op(&w.mp, i);
+    }
+    let resumed = |f: &Host| {
+        f.log()
+            .lines()
+            .filter(|l| l.contains("following the replica from the commit the store holds"))
+            .count()
+    };
+    f.mount(&["--follow", &url, "--follow-interval", "100ms"]);
+    assert_eq!(resumed(&f), 1, "{}", f.log());
+    f.reaches(w.shipped());
+    let s = f.status();
+    assert!(s["follower"]["batches"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["follower"]["generations"], 0, "{s}");
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    f.unmount();
+
+    // The writer's store changed offline: its next mount starts a new generation, which a
+    // restarted follower restores instead.
+    w.unmount();
+    let src = w.dir.path().join("offline");
+    std::fs::create_dir_all(src.join("memories")).unwrap();
+    std::fs::write(src.join("memories/imported.md"), "added offline\n").unwrap();
+    let out = w.run(&["import", src.to_str().unwrap(), w.store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.mount(&["--replica-interval", "100ms"]);
+    op(&w.mp, 8);
+    let last = w.shipped();
+    f.mount(&["--follow", &url, "--follow-interval", "100ms"]);
+    assert_eq!(resumed(&f), 1, "a new generation is restored:\n{}", f.log());
+    f.reaches(last);
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    assert!(tree(&f.mp).contains_key("memories/imported.md"));
+    f.unmount();
+    w.unmount();
+}
+
 /// A check that content is whole: a header line with the version and the length of the
 /// rest, then that many bytes of the version's digit.
 fn content(version: usize) -> Vec<u8> {
