@@ -2,7 +2,7 @@
 //! speaking one JSON request and one JSON response per line. Store tools reach a mounted
 //! store through it, because the daemon owns the store file.
 //!
-//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
+//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"promote"}` (a follower), `{"op":"snapshot","out":PATH}`,
 //! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), and the read-only queries of
 //! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
@@ -52,6 +52,8 @@ pub struct Daemon {
     follower: std::sync::Mutex<Option<Arc<crate::replica::Follower>>>,
     /// An unmount request came through the socket: its client waits for `unshipped_path`.
     unmount_asked: std::sync::atomic::AtomicBool,
+    /// Held while a follower is promoted: one promotion at a time.
+    pub(crate) promoting: std::sync::Mutex<()>,
 }
 
 impl Daemon {
@@ -69,6 +71,7 @@ impl Daemon {
             replication: std::sync::Mutex::new(None),
             follower: std::sync::Mutex::new(None),
             unmount_asked: std::sync::atomic::AtomicBool::new(false),
+            promoting: std::sync::Mutex::new(()),
         }
     }
 
@@ -80,6 +83,22 @@ impl Daemon {
     /// Sets (or, with None, drops) the follower `status` reports on.
     pub fn set_follower(&self, f: Option<Arc<crate::replica::Follower>>) {
         *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    /// The running follower, if the mount follows a replica.
+    pub(crate) fn follower_handle(&self) -> Option<Arc<crate::replica::Follower>> {
+        self.follower
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes the mount's replication (the session ended: it is stopped next).
+    pub fn take_replication(&self) -> Option<Arc<crate::replica::Replication>> {
+        self.replication
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     fn follower(&self) -> Value {
@@ -96,7 +115,6 @@ impl Daemon {
         }
     }
 
-    /// Takes the filesystem back at shutdown; later requests are refused.
     /// Leaves what each replica holds after the last upload for the `redbfs unmount` that
     /// asked (none asked: the log has it already).
     pub fn report_unshipped(&self, replicas: &[crate::replica::ship::Unshipped]) {
@@ -125,11 +143,12 @@ impl Daemon {
         }
     }
 
+    /// Takes the filesystem back at shutdown; later requests are refused.
     pub fn take_fs(&self) -> Option<Arc<Fs>> {
         self.fs.write().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    fn fs(&self) -> Result<Arc<Fs>, String> {
+    pub(crate) fn fs(&self) -> Result<Arc<Fs>, String> {
         self.fs
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -248,6 +267,7 @@ impl Daemon {
         match req.get("op").and_then(Value::as_str) {
             Some("status") => self.status(),
             Some("unmount") => self.unmount_requested(),
+            Some("promote") => reply(crate::mount::promote::promote(self, req)),
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),

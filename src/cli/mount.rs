@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::args::{LostUpdatesArg, Mount, Names, Unmount};
+use super::args::{LostUpdatesArg, Mount, Names, Promote, Unmount};
 use super::output;
 use crate::fs::{LostUpdates, NameRules};
 use crate::mount::{self, Created, LimitOverrides, MountRequest};
@@ -125,6 +125,23 @@ pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
         }
         None => 0,
     })
+}
+
+/// `promote`: asks the follower's daemon to become the replica's writer in place.
+pub(super) fn promote(a: Promote) -> Result<i32, String> {
+    let t = super::target::Target::resolve(&a.mountpoint)?;
+    if !t.is_mounted() {
+        return Err(format!(
+            "{} is not mounted: mount the follower's store with --replica URL --takeover instead",
+            a.mountpoint.display()
+        ));
+    }
+    let v = t.run(
+        serde_json::json!({"op": "promote", "replica_interval_ns": a.replica_interval}),
+        |_| Err(String::new()),
+    )?;
+    output::promoted(&a.mountpoint, &v);
+    Ok(0)
 }
 
 /// The daemon's log: `log` (made beside the store unless named with --log-file), or stderr.

@@ -269,6 +269,17 @@ pub(super) fn replicas_before_unmount(status: &Value) {
     }
 }
 
+/// A follower promoted: the replica it now writes to, from which commit, in which epoch.
+pub(super) fn promoted(mp: &std::path::Path, v: &Value) {
+    errln!(
+        "promoted {}: it writes to replica {} from commit {} on (epoch {}); the previous writer is fenced at its next upload",
+        shown(&mp.display().to_string()),
+        text(&v["url"]),
+        v["commit"],
+        v["epoch"]
+    );
+}
+
 /// After an unmount: what each replica holds; whether every one holds every commit.
 pub(super) fn replicas_after_unmount(list: &[crate::replica::ship::Unshipped]) -> bool {
     let mut whole = true;

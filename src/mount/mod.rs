@@ -20,6 +20,7 @@ use nix::mount::MntFlags;
 
 mod created;
 mod device;
+pub mod promote;
 mod table;
 
 pub use created::Created;
@@ -501,8 +502,9 @@ fn serve_session(
     if let Err(e) = fs.reclaim_orphans() {
         tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
     }
-    daemon.set_replication(None);
-    if let Some(r) = replication {
+    // The replication started with the session, or by a promotion during it.
+    drop(replication);
+    if let Some(r) = daemon.take_replication() {
         daemon.report_unshipped(&r.stop());
     }
     served

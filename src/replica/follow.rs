@@ -4,7 +4,8 @@
 //! `restore --from` verifies them, in one transaction per segment; after each, the kernel is
 //! told exactly which entries and inodes changed. When a newer generation appears (the writer
 //! restarted, was restored or replaced), the store becomes its snapshot in one transaction,
-//! without unmounting.
+//! without unmounting. A follower mounted again on its store goes on from the commit it
+//! holds while that still stands in the replica's newest generation (`prepare`).
 //!
 //! Invariant kept here: the follower's store is always the replica's state at some commit
 //! of the generation it follows (a reader sees a batch whole or not at all), it changes only
@@ -70,8 +71,7 @@ impl Followed {
 fn frozen_reason(url: &str) -> String {
     format!(
         "this mount follows {url} read-only: it changes only as the writer's commits arrive \
-         (promote it with `redbfs unmount`, then `redbfs mount MNT --store STORE --replica \
-         {url} --takeover`)"
+         (promote it with `redbfs promote MNT`)"
     )
 }
 
@@ -222,6 +222,7 @@ struct Stop {
 
 /// A running follower: its polling thread and what it has applied.
 pub struct Follower {
+    pub interval: Duration,
     state: Arc<Mutex<FollowState>>,
     stop: Arc<Stop>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -282,6 +283,7 @@ impl Follower {
             })
             .map_err(|e| format!("starting the follower thread: {e}"))?;
         Ok(Follower {
+            interval,
             state,
             stop,
             thread: Mutex::new(Some(thread)),
