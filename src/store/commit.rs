@@ -160,7 +160,15 @@ impl WriteTxn<'_> {
         self.record_history(now)?;
         self.apply_ref_deltas()?;
         self.store_counts(now)?;
+        self.count_work();
         self.finish(sync, false)
+    }
+
+    /// Adds this transaction's bookkeeping steps to the store's total (`Store::commit_work`).
+    fn count_work(&self) {
+        self.store
+            .commit_steps
+            .fetch_add(self.steps.get(), Ordering::Relaxed);
     }
 
     /// Writes the usage counts and the commit time into `meta`, in the commit they count.
@@ -184,6 +192,7 @@ impl WriteTxn<'_> {
     /// before it, after which the log starts again.
     pub(super) fn commit_checkpoint(mut self) -> Result<u64, StoreError> {
         self.apply_ref_deltas()?;
+        self.count_work();
         self.finish(Sync::Durable, true)
     }
 

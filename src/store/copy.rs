@@ -70,6 +70,9 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_TIMES, &mut stats, progress)?;
         // The copy is complete in itself: no log belongs to it, and none ever matches it.
         tx.open_table(META)
             .map_err(map_err)?

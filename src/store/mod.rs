@@ -9,7 +9,8 @@
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
 //! with the schema's accessors; `content` stores file content in blobs and counts their
-//! references; `history` captures before-images and answers history queries; `commit` is the
+//! references; `history` captures before-images, keeps history's indexes and answers history
+//! queries; `past` reads the tree as it was at a point of history through those indexes; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
@@ -24,6 +25,7 @@ pub mod disk;
 pub mod fault;
 mod history;
 mod open;
+mod past;
 mod read;
 mod readonly;
 mod redo;
@@ -42,7 +44,8 @@ use std::sync::{Mutex, OnceLock};
 use redb::Database;
 
 pub use copy::CopyStats;
-pub use history::OpInfo;
+pub use history::LogCursor;
+pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
@@ -50,7 +53,7 @@ pub use replica::{
     encode_segment, record_time,
 };
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
-pub use write::WriteTxn;
+pub use write::{OpInfo, WriteTxn};
 
 /// Why the store could not do what was asked.
 #[derive(Debug)]
@@ -185,6 +188,8 @@ pub struct Store {
     disk_free: AtomicU64,
     /// Process names by pid, for history records (read from /proc once per burst).
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
+    /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
+    commit_steps: AtomicU64,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was

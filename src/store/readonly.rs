@@ -68,6 +68,9 @@ impl Store {
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 return Err(needs("is of store format 2 and must be migrated"));
             }
+            Some(v) if v == FORMAT_WITHOUT_HISTORY_INDEXES as u64 => {
+                return Err(needs("is of store format 3 and must be migrated"));
+            }
             Some(v) => {
                 return Err(StoreError::UnknownFormat {
                     path: path.to_path_buf(),
