@@ -71,3 +71,115 @@ fn a_transaction_of_100k_entries_does_linear_work() {
         Some(&b"note 99999\n"[..])
     );
 }
+
+/// The history queries at a long history, for measuring (not run by the suite: `cargo test
+/// --release --test scale -- --ignored --nocapture`; REDBFS_SCALE_RECORDS sets the length,
+/// 1,000,000 by default). 1,000 memories rewritten one commit each; prints what each query
+/// took and checks what it answered.
+#[test]
+#[ignore]
+fn history_queries_at_a_long_history() {
+    let records: u64 = std::env::var("REDBFS_SCALE_RECORDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = dir.path().join("s.redb");
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    store.set_keep_history(30 * 86_400 * 1_000_000_000).unwrap();
+    let memories = 1_000u64;
+    let t0 = std::time::Instant::now();
+    let now = redbfs::store::now_ns();
+    let file = |ino, name: &str, size| Inode {
+        ino,
+        kind: Kind::File,
+        perm: 0o644,
+        uid: 0,
+        gid: 0,
+        size,
+        nlink: 1,
+        parent: ROOT_INO,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        name: name.to_string(),
+    };
+    let mut inos = Vec::new();
+    {
+        let mut w = store.write().unwrap();
+        for m in 0..memories {
+            let ino = w.alloc_ino().unwrap();
+            let name = format!("m{m:04}.md");
+            w.put_inode(&file(ino, &name, 0)).unwrap();
+            w.put_dirent(ROOT_INO, &name, ino, Kind::File).unwrap();
+            inos.push((ino, name));
+        }
+        w.commit(Sync::Durable).unwrap();
+    }
+    for i in 0..records {
+        let (ino, name) = &inos[(i % memories) as usize];
+        let text = format!("memory {name} version {i}\n");
+        let mut w = store.write().unwrap();
+        w.put_chunk(*ino, 0, text.as_bytes()).unwrap();
+        w.put_inode(&file(*ino, name, text.len() as u64)).unwrap();
+        w.describe(redbfs::store::OpInfo {
+            op: "write",
+            paths: vec![format!("/{name}")],
+            ino: *ino,
+            ..Default::default()
+        });
+        w.commit(Sync::Deferred).unwrap();
+    }
+    store.sync().unwrap();
+    eprintln!("built {records} records in {:?}", t0.elapsed());
+    let r = store.read().unwrap();
+    let last = r.last_seq().unwrap();
+    let mid = last / 2;
+    let at = |f: &dyn Fn()| {
+        let t = std::time::Instant::now();
+        f();
+        t.elapsed()
+    };
+    // The record at `mid` rewrote memory (mid - 2) % memories (seq 1 is the creation).
+    let i = mid - 2;
+    let (_, name) = &inos[(i % memories) as usize];
+    let want = format!("memory {name} version {i}\n");
+    let p = format!("/{name}");
+    eprintln!(
+        "show at the middle: {:?}",
+        at(&|| assert_eq!(
+            redbfs::tools::show_at(&r, &p, mid).unwrap(),
+            want.as_bytes()
+        ))
+    );
+    eprintln!(
+        "diff from the middle: {:?}",
+        at(&|| assert!(!redbfs::tools::diff(&r, &p, mid, None).unwrap().is_empty()))
+    );
+    eprintln!(
+        "log of one path ({} records): {:?}",
+        records / memories,
+        at(&|| assert_eq!(
+            r.history_of(Some(&p), None, usize::MAX).unwrap().len() as u64,
+            records / memories
+        ))
+    );
+    let all = at(&|| {
+        let mut cursor = redbfs::store::LogCursor::start(None);
+        let mut n = 0u64;
+        loop {
+            let (page, next) = r.history_page(&cursor, None, 20_000).unwrap();
+            n += page.len() as u64;
+            match next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        assert_eq!(n, last);
+    });
+    eprintln!(
+        "log of the store ({last} records): {all:?}, {:.0} records/s",
+        last as f64 / all.as_secs_f64()
+    );
+}
