@@ -83,8 +83,12 @@ fn history_queries_at_a_long_history() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_000_000);
+    // REDBFS_SCALE_KEEP=PATH keeps the store there (for measuring the CLI on it).
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    let path = dir.path().join("s.redb");
+    let path = match std::env::var("REDBFS_SCALE_KEEP") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(_) => dir.path().join("s.redb"),
+    };
     let store = Store::open_or_create(&path, (0, 0)).unwrap();
     store.set_keep_history(30 * 86_400 * 1_000_000_000).unwrap();
     let memories = 1_000u64;

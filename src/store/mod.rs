@@ -190,6 +190,10 @@ pub struct Store {
     comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
     commit_steps: AtomicU64,
+    /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
+    /// whether a flush runs now.
+    preflush: OnceLock<Option<std::sync::Arc<std::fs::File>>>,
+    preflushing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was

@@ -73,6 +73,8 @@ impl Store {
             disk_free: AtomicU64::new(u64::MAX),
             comms: Mutex::new(HashMap::new()),
             commit_steps: AtomicU64::new(0),
+            preflush: OnceLock::new(),
+            preflushing: Default::default(),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
         }
