@@ -36,8 +36,8 @@ pub mod wal;
 mod write;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, OnceLock};
 
 use redb::Database;
 

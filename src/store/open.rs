@@ -5,8 +5,8 @@
 //! removed only after a checkpoint that covers every record in it succeeded.
 
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use redb::{Database, ReadableTable};
 
