@@ -93,6 +93,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
     blob_references(r, &mut findings)?;
     damaged_chunks(r, &mut findings)?;
     findings.extend(over_limits(r, &inodes, &dirents)?);
+    findings.extend(r.history_index_findings()?);
     let usage = r.usage()?;
     let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
     let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
@@ -168,13 +169,14 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
     for (_, _, b) in r.all_filemap()? {
         *want.entry(b).or_default() += 1;
     }
-    for rec in r.history(0..=u64::MAX)? {
+    r.for_each_record(|rec| {
         for u in &rec.undo {
             if let crate::store::Undo::Filemap { old: Some(b), .. } = u {
                 *want.entry(*b).or_default() += 1;
             }
         }
-    }
+        Ok(())
+    })?;
     // A blob without a blobrefs entry has exactly one reference; entries hold counts of 2+.
     let live: HashSet<u64> = blob_ids.iter().copied().collect();
     for (b, n) in &want {

@@ -590,38 +590,87 @@ pub(super) fn compacted(store: &Path, before: u64, after: u64) {
     errln!("compacted {}: {before} -> {after} bytes", shown_path(store));
 }
 
-pub(super) fn log(v: &Value, f: Format) {
-    if f == Format::Json {
-        outln!("{}", v["records"]);
-        return;
+/// `log`'s output, written as the pages of records arrive: through one buffer, flushed
+/// after each page (the first line shows at once), as a JSON array with `--json`.
+pub(super) struct LogWriter {
+    out: std::io::BufWriter<std::io::Stdout>,
+    format: Format,
+    written: u64,
+}
+
+impl LogWriter {
+    pub fn new(format: Format) -> LogWriter {
+        LogWriter {
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout()),
+            format,
+            written: 0,
+        }
     }
-    for r in v["records"].as_array().into_iter().flatten() {
-        let paths: Vec<String> = r["paths"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.as_str())
-            .map(shown)
-            .collect();
-        outln!(
-            "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
-            r["seq"],
-            fmt_time(r["time"].as_i64().unwrap_or(0)),
-            text(&r["op"]),
-            paths.join(" -> "),
-            r["size_before"],
-            r["size_after"],
-            r["uid"],
-            r["pid"],
-            text(&r["comm"]),
-            if r["redacted"] == true {
-                "  [redacted]"
-            } else {
-                ""
+
+    /// Writes one page of records; false when the reader has gone (a closed pipe).
+    pub fn records(&mut self, records: &[Value]) -> Result<bool, String> {
+        let r = self.write_page(records).and_then(|()| self.out.flush());
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+            Err(e) => Err(format!("writing the log: {e}")),
+        }
+    }
+
+    fn write_page(&mut self, records: &[Value]) -> std::io::Result<()> {
+        for r in records {
+            if self.format == Format::Json {
+                let sep = if self.written == 0 { "[" } else { "," };
+                write!(self.out, "{sep}{r}")?;
+                self.written += 1;
+                continue;
             }
-        );
-        if let Some(c) = r["conflict"].as_str() {
-            outln!("        {}", shown(c));
+            self.written += 1;
+            let paths: Vec<String> = r["paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_str())
+                .map(shown)
+                .collect();
+            writeln!(
+                self.out,
+                "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
+                r["seq"],
+                fmt_time(r["time"].as_i64().unwrap_or(0)),
+                text(&r["op"]),
+                paths.join(" -> "),
+                r["size_before"],
+                r["size_after"],
+                r["uid"],
+                r["pid"],
+                text(&r["comm"]),
+                if r["redacted"] == true {
+                    "  [redacted]"
+                } else {
+                    ""
+                }
+            )?;
+            if let Some(c) = r["conflict"].as_str() {
+                writeln!(self.out, "        {}", shown(c))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the output (closes the JSON array).
+    pub fn finish(mut self) -> Result<(), String> {
+        let r = if self.format == Format::Json {
+            let open = if self.written == 0 { "[" } else { "" };
+            writeln!(self.out, "{open}]").and_then(|()| self.out.flush())
+        } else {
+            self.out.flush()
+        };
+        match r {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(format!("writing the log: {e}"))
+            }
+            _ => Ok(()),
         }
     }
 }

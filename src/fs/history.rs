@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::{Caller, Error, Fs, Result, lock};
-use crate::store::{Kind, ROOT_INO, ReadTxn, Sync, WriteTxn};
+use crate::store::{Kind, Past, ROOT_INO, Sync, TreeView, WriteTxn};
 
 /// What the kernel must forget after a change made outside a kernel request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,17 +132,10 @@ impl Fs {
                 "revert of / is a rollback: use `redbfs rollback`".into(),
             ));
         };
-        let dir = tempfile::Builder::new()
-            .prefix("redbfs-revert-")
-            .tempdir()
-            .map_err(|e| invalid(e.to_string()))?;
-        let then_path = dir.path().join("then.redb");
-        self.store()
-            .read()?
-            .materialize_at(seq, &then_path)
-            .map_err(|e| invalid(e.to_string()))?;
-        let then_store = crate::store::Store::open_existing(&then_path)?;
-        let then = then_store.read()?;
+        // The tree at `seq`, read through history's index from a snapshot taken before the
+        // write lock: records after `seq` are immutable, so the snapshot is the past's.
+        let now = self.store().read()?;
+        let then = now.past(seq).map_err(|e| invalid(e.to_string()))?;
         let walk = |get: &dyn Fn(u64, &str) -> Result<Option<u64>>| -> Result<Option<u64>> {
             let mut cur = ROOT_INO;
             for p in parents {
@@ -224,7 +217,7 @@ impl Fs {
     fn restore_tree(
         &self,
         w: &mut WriteTxn<'_>,
-        then: &ReadTxn,
+        then: &Past<'_>,
         ino: u64,
         parent: u64,
         name: &str,
@@ -291,16 +284,14 @@ impl Fs {
         let r = self.store().read()?;
         let records = r.history_of(Some(path), None, usize::MAX)?;
         let mut blobs: Vec<u64> = match at {
-            Some(seq) => r
-                .at_point(seq, |t| {
-                    let (inode, _) = super::resolve_path(t, path)?;
-                    Ok(t.filemap_of(inode.ino)
-                        .map_err(|e| e.to_string())?
-                        .into_iter()
-                        .map(|(_, b)| b)
-                        .collect())
-                })
-                .map_err(invalid)?,
+            Some(seq) => {
+                let then = r.past(seq).map_err(|e| invalid(e.to_string()))?;
+                let (inode, _) = super::resolve_path(&then, path).map_err(invalid)?;
+                TreeView::filemap_of(&then, inode.ino)?
+                    .into_iter()
+                    .map(|(_, b)| b)
+                    .collect()
+            }
             None => records
                 .iter()
                 .flat_map(|rec| &rec.undo)

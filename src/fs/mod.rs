@@ -44,7 +44,7 @@ pub use name::{Name, NameError, NameRules};
 /// The inode at `path` ("/", "/memories/notes.md" or "memories/notes.md") as `r` sees it, and
 /// the path in canonical (NFC) form.
 pub fn resolve_path(
-    r: &store::ReadTxn,
+    r: &impl store::TreeView,
     path: &str,
 ) -> std::result::Result<(Inode, String), String> {
     let mut ino = ROOT_INO;

@@ -9,7 +9,8 @@
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
 //! with the schema's accessors; `content` stores file content in blobs and counts their
-//! references; `history` captures before-images and answers history queries; `commit` is the
+//! references; `history` captures before-images, keeps history's indexes and answers history
+//! queries; `past` reads the tree as it was at a point of history through those indexes; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
@@ -25,6 +26,7 @@ pub mod fault;
 mod follow;
 mod history;
 mod open;
+mod past;
 mod read;
 mod readonly;
 mod redo;
@@ -43,7 +45,8 @@ use redb::Database;
 
 pub use copy::CopyStats;
 pub use follow::Changed;
-pub use history::OpInfo;
+pub use history::LogCursor;
+pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
@@ -52,7 +55,7 @@ pub use replica::{
     record_time,
 };
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
-pub use write::WriteTxn;
+pub use write::{OpInfo, WriteTxn};
 
 /// Why the store could not do what was asked.
 #[derive(Debug)]
@@ -185,6 +188,12 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
+    /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
+    commit_steps: AtomicU64,
+    /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
+    /// whether a flush runs now.
+    preflush: OnceLock<Option<std::sync::Arc<std::fs::File>>>,
+    preflushing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was

@@ -209,6 +209,9 @@ pub(super) fn replay_noting(
             "history" => apply(tx, HISTORY, &key, v),
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
+            "history_keys" => apply(tx, HISTORY_KEYS, &key, v),
+            "history_paths" => apply(tx, HISTORY_PATHS, &key, v),
+            "history_times" => apply(tx, HISTORY_TIMES, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 3)
+//! # Tables (format version 4)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -45,6 +45,24 @@
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
 //! ```
 //!
+//! History's indexes (format 4; a format-3 store gets them built from `history` at open),
+//! written in the same transaction as the record they index and removed with it:
+//!
+//! ```text
+//! history_keys  (&[u8] key, u64 seq) -> &[u8]  every key a record undoes -> that key's
+//!                                       before-image (one undo entry, as in the record).
+//!                                       Key: u8 table tag, then big-endian fields:
+//!                                       1 inode: ino | 2 dirent: parent, name bytes |
+//!                                       3 filemap: ino, chunk index | 4 orphan: ino.
+//!                                       A key's value at point S is the before-image of the
+//!                                       first record after S that changed it, or the value
+//!                                       now if none did: `show`, `diff` and `revert` of one
+//!                                       path read the past without replaying history
+//! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
+//! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
+//!                                       points given as a time
+//! ```
+//!
 //! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
 //! in ns; 0 = history off), "log_seq" u64 (the number of the last commit, the sequence number
 //! of its write-ahead log record), "log_id" u64 (the id of the log the records after the last
@@ -77,7 +95,9 @@
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// The format before history's indexes, migrated at open (the indexes are built).
+pub const FORMAT_WITHOUT_HISTORY_INDEXES: u32 = 3;
 /// The format before chunk checksums, migrated at open.
 pub const FORMAT_WITHOUT_CHECKSUMS: u32 = 2;
 
@@ -100,6 +120,12 @@ pub(crate) const BLOBREFS: TableDefinition<u64, u64> = TableDefinition::new("blo
 pub(crate) const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
 pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
+pub(crate) const HISTORY_KEYS: TableDefinition<(&[u8], u64), &[u8]> =
+    TableDefinition::new("history_keys");
+pub(crate) const HISTORY_PATHS: TableDefinition<(&str, u64), ()> =
+    TableDefinition::new("history_paths");
+pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
+    TableDefinition::new("history_times");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
@@ -288,6 +314,117 @@ pub struct HistoryRecord {
 
 const HISTORY_RECORD_VERSION: u8 = 1;
 
+impl Undo {
+    fn encode_into(&self, e: &mut Enc) {
+        match self {
+            Undo::Inode { ino, old } => {
+                e.u8(1);
+                e.u64(*ino);
+                e.u8(u8::from(old.is_some()));
+                if let Some(b) = old {
+                    e.u32(b.len() as u32);
+                    e.0.extend_from_slice(b);
+                }
+            }
+            Undo::Dirent { parent, name, old } => {
+                e.u8(2);
+                e.u64(*parent);
+                e.str(name);
+                e.u8(u8::from(old.is_some()));
+                if let Some((ino, kind)) = old {
+                    e.u64(*ino);
+                    e.u8(*kind);
+                }
+            }
+            Undo::Filemap { ino, idx, old } => {
+                e.u8(3);
+                e.u64(*ino);
+                e.u64(*idx);
+                e.u8(u8::from(old.is_some()));
+                if let Some(b) = old {
+                    e.u64(*b);
+                }
+            }
+            Undo::Orphan { ino, present } => {
+                e.u8(4);
+                e.u64(*ino);
+                e.u8(u8::from(*present));
+            }
+        }
+    }
+
+    fn decode_from(d: &mut Dec<'_>) -> Option<Undo> {
+        Some(match d.u8()? {
+            1 => {
+                let ino = d.u64()?;
+                let old = if d.u8()? != 0 {
+                    let len = d.u32()? as usize;
+                    Some(d.take(len)?.to_vec())
+                } else {
+                    None
+                };
+                Undo::Inode { ino, old }
+            }
+            2 => {
+                let parent = d.u64()?;
+                let name = d.str()?;
+                let old = if d.u8()? != 0 {
+                    Some((d.u64()?, d.u8()?))
+                } else {
+                    None
+                };
+                Undo::Dirent { parent, name, old }
+            }
+            3 => {
+                let ino = d.u64()?;
+                let idx = d.u64()?;
+                let old = if d.u8()? != 0 { Some(d.u64()?) } else { None };
+                Undo::Filemap { ino, idx, old }
+            }
+            4 => Undo::Orphan {
+                ino: d.u64()?,
+                present: d.u8()? != 0,
+            },
+            _ => return None,
+        })
+    }
+
+    /// One entry as the record stores it (the value of a `history_keys` row).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(32));
+        self.encode_into(&mut e);
+        e.0
+    }
+
+    /// Decodes what `encode` wrote; None when it does not decode whole.
+    pub fn decode(b: &[u8]) -> Option<Undo> {
+        let mut d = Dec(b);
+        let u = Undo::decode_from(&mut d)?;
+        d.0.is_empty().then_some(u)
+    }
+
+    /// The key this entry restores, as `history_keys` orders it (see the module comment).
+    pub fn key(&self) -> Vec<u8> {
+        match self {
+            Undo::Inode { ino, .. } => undo_key(1, &[*ino], ""),
+            Undo::Dirent { parent, name, .. } => undo_key(2, &[*parent], name),
+            Undo::Filemap { ino, idx, .. } => undo_key(3, &[*ino, *idx], ""),
+            Undo::Orphan { ino, .. } => undo_key(4, &[*ino], ""),
+        }
+    }
+}
+
+/// A `history_keys` key: the table tag, big-endian numbers, then a name.
+pub(crate) fn undo_key(tag: u8, nums: &[u64], name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + 8 * nums.len() + name.len());
+    k.push(tag);
+    for n in nums {
+        k.extend_from_slice(&n.to_be_bytes());
+    }
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
 struct Enc(Vec<u8>);
 
 impl Enc {
@@ -365,41 +502,7 @@ impl HistoryRecord {
         e.u8(u8::from(self.redacted));
         e.u32(self.undo.len() as u32);
         for u in &self.undo {
-            match u {
-                Undo::Inode { ino, old } => {
-                    e.u8(1);
-                    e.u64(*ino);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some(b) = old {
-                        e.u32(b.len() as u32);
-                        e.0.extend_from_slice(b);
-                    }
-                }
-                Undo::Dirent { parent, name, old } => {
-                    e.u8(2);
-                    e.u64(*parent);
-                    e.str(name);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some((ino, kind)) = old {
-                        e.u64(*ino);
-                        e.u8(*kind);
-                    }
-                }
-                Undo::Filemap { ino, idx, old } => {
-                    e.u8(3);
-                    e.u64(*ino);
-                    e.u64(*idx);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some(b) = old {
-                        e.u64(*b);
-                    }
-                }
-                Undo::Orphan { ino, present } => {
-                    e.u8(4);
-                    e.u64(*ino);
-                    e.u8(u8::from(*present));
-                }
-            }
+            u.encode_into(&mut e);
         }
         if let Some(c) = &self.conflict {
             e.u8(1);
@@ -436,40 +539,7 @@ impl HistoryRecord {
         };
         let n = d.u32()?;
         for _ in 0..n {
-            let u = match d.u8()? {
-                1 => {
-                    let ino = d.u64()?;
-                    let old = if d.u8()? != 0 {
-                        let len = d.u32()? as usize;
-                        Some(d.take(len)?.to_vec())
-                    } else {
-                        None
-                    };
-                    Undo::Inode { ino, old }
-                }
-                2 => {
-                    let parent = d.u64()?;
-                    let name = d.str()?;
-                    let old = if d.u8()? != 0 {
-                        Some((d.u64()?, d.u8()?))
-                    } else {
-                        None
-                    };
-                    Undo::Dirent { parent, name, old }
-                }
-                3 => {
-                    let ino = d.u64()?;
-                    let idx = d.u64()?;
-                    let old = if d.u8()? != 0 { Some(d.u64()?) } else { None };
-                    Undo::Filemap { ino, idx, old }
-                }
-                4 => Undo::Orphan {
-                    ino: d.u64()?,
-                    present: d.u8()? != 0,
-                },
-                _ => return None,
-            };
-            r.undo.push(u);
+            r.undo.push(Undo::decode_from(&mut d)?);
         }
         if d.u8() == Some(1) {
             r.conflict = Some(d.str()?);
