@@ -133,7 +133,11 @@ impl Daemon {
         let answer = self.fs().and_then(|fs| {
             let r = fs.store().read().map_err(|e| e.to_string())?;
             // No progress: the daemon's stderr is not the asking user's.
-            tools::snapshot(&r, Path::new(out), &mut |_| {}).map(|info| json!({"snapshot": info}))
+            match req.get("path").and_then(Value::as_str) {
+                Some(p) => tools::snapshot_subtree(&r, p, Path::new(out), &mut |_| {}),
+                None => tools::snapshot(&r, Path::new(out), &mut |_| {}),
+            }
+            .map(|info| json!({"snapshot": info}))
         });
         reply(answer)
     }

@@ -69,6 +69,8 @@ pub struct OpenFile {
     pub last_writer: super::Caller,
     /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
     pub reserved: u64,
+    /// The same growth held against each directory quota above the file: (directory, bytes).
+    pub dir_reserved: Vec<(u64, u64)>,
 }
 
 impl OpenFile {
@@ -84,6 +86,7 @@ impl OpenFile {
             changed: false,
             last_writer: super::Caller::default(),
             reserved: 0,
+            dir_reserved: Vec::new(),
             spilled: None,
             accounted: 0,
         }

@@ -162,11 +162,19 @@ impl Fs {
             ))
         })?;
         let mut removals = Vec::new();
+        let mut quota = None;
         if let Some((now_ino, kind)) = w.lookup(parent, name)? {
+            if kind == Kind::Dir {
+                quota = Some(w.subtree(now_ino)?).filter(|q| q.has_quota());
+            }
             self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
         }
         if let Some(ino) = then_ino {
             self.restore_tree(&mut w, &then, ino, parent, name)?;
+        }
+        // A quota belongs to the directory at that path now, whatever inode it gets back.
+        if let (Some(q), Some((ino, Kind::Dir))) = (quota, w.lookup(parent, name)?) {
+            w.set_quota(ino, q.quota_bytes, q.quota_files)?;
         }
         let now = crate::store::now_ns();
         let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;

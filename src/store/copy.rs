@@ -70,6 +70,9 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
+        if self.subtree_current()? {
+            copy_table(&self.tx, &tx, SUBTREE, &mut stats, progress)?;
+        }
         // The copy is complete in itself: no log belongs to it, and none ever matches it.
         tx.open_table(META)
             .map_err(map_err)?

@@ -31,6 +31,7 @@ mod replica;
 pub mod schema;
 #[doc(hidden)]
 pub mod sim;
+mod subtree;
 pub mod wal;
 mod write;
 
@@ -49,7 +50,9 @@ pub use replica::{
     Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
     encode_segment, record_time,
 };
-pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
+pub use schema::{
+    CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, SubtreeRecord, Undo,
+};
 pub use write::WriteTxn;
 
 /// Why the store could not do what was asked.
@@ -79,6 +82,9 @@ pub enum StoreError {
     /// The store must be written before it can be read as it is (recovered after a crash,
     /// or migrated), which a read-only open never does.
     NeedsWriting { path: PathBuf, why: &'static str },
+    /// Refused before committing: the transaction grows directory `dir` past its quota of
+    /// `limit` content bytes (or, when `files`, files and directories). Nothing was written.
+    DirQuota { dir: u64, files: bool, limit: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -109,6 +115,15 @@ impl std::fmt::Display for StoreError {
                 "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
                  which reads a recovered private copy) before opening it read-only",
                 path.display()
+            ),
+            StoreError::DirQuota { dir, files, limit } => write!(
+                f,
+                "directory inode {dir} would exceed its quota of {limit} {}",
+                if *files {
+                    "files and directories"
+                } else {
+                    "content bytes"
+                }
             ),
             StoreError::Checksum { ino, idx, blob } => write!(
                 f,
@@ -190,6 +205,8 @@ pub struct Store {
     /// The replicas' queues of committed records (see `replica`) and where the store was
     /// when they started; set once, when a replicated mount opens the store.
     feeds: OnceLock<replica::Attached>,
+    /// Operations the per-directory aggregates did (see `subtree`).
+    subtree_work: AtomicU64,
 }
 
 impl Store {

@@ -51,7 +51,12 @@ impl Store {
         let store = Store::over(Engine::Writable(db), faults, disk, path);
         // Before anything commits: the first commit starts a new log.
         store.recover()?;
+        // Judged before a migration or the formatting of a new store commits.
+        let stale = store.subtree_stale()?;
         store.init_or_verify(root_owner)?;
+        if stale {
+            store.build_subtree()?;
+        }
         Ok(store)
     }
 
@@ -74,6 +79,7 @@ impl Store {
             comms: Mutex::new(HashMap::new()),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
+            subtree_work: AtomicU64::new(0),
         }
     }
 
@@ -215,6 +221,7 @@ impl Store {
             tx.open_table(HISTORY).map_err(map_err)?;
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
+            tx.open_table(SUBTREE).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,

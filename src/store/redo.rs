@@ -89,6 +89,7 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
             "history" => apply(tx, HISTORY, &key, v),
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
+            "subtree" => apply(tx, SUBTREE, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

@@ -46,6 +46,8 @@ pub struct WriteTxn<'s> {
     pub(super) ref_deltas: BTreeMap<u64, i64>,
     /// Blobs created by this transaction (their count starts at 0, not at the implicit 1).
     pub(super) new_blobs: Vec<std::ops::Range<u64>>,
+    /// The per-directory rows this transaction changed (see `subtree`).
+    pub(super) agg: super::subtree::Pending,
 }
 
 impl Store {
@@ -70,6 +72,7 @@ impl Store {
             written: 0,
             ref_deltas: BTreeMap::new(),
             new_blobs: Vec::new(),
+            agg: Default::default(),
         })
     }
 }
@@ -149,6 +152,7 @@ impl WriteTxn<'_> {
             }
         }
         drop(t);
+        self.track_inode(ino, old.as_ref(), new)?;
         for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
             if let Some(i) = i {
                 match i.kind {

@@ -1,0 +1,322 @@
+//! Quotas per directory and the per-directory aggregates under them, driven on `Fs` without a
+//! mount: every path in is held (buffered writes, creates, renames and directory moves in,
+//! revert of a path), nested quotas both hold, statfs inside a root reports that root, the
+//! aggregates stay equal to what lies below each directory (`check`), and a directory rename
+//! costs the same work at 10 and 10,000 entries while the path limits still hold.
+
+use redbfs::fs::{Caller, Fs, Limits};
+use redbfs::store::{Inode, Kind, ROOT_INO, Store, Sync};
+
+const ME: Caller = Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: 1,
+};
+
+fn new_fs(limits: Limits) -> (tempfile::TempDir, Fs) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (1000, 1000)).unwrap();
+    (dir, Fs::new(store, limits).unwrap())
+}
+
+fn mkdir(fs: &Fs, parent: u64, name: &str) -> u64 {
+    fs.mkdir(ME, parent, name.as_bytes(), 0o700, 0).unwrap().ino
+}
+
+/// Creates `name` with `data`: Ok, or the errno of the first step refused.
+fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> Result<u64, i32> {
+    let (inode, fh) = fs
+        .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
+        .map_err(|e| e.errno())?;
+    let res = fs
+        .write(ME, fh, 0, data)
+        .map(drop)
+        .and_then(|()| fs.flush(fh));
+    fs.release(fh).unwrap();
+    fs.forget(inode.ino, 1);
+    res.map(|()| inode.ino).map_err(|e| e.errno())
+}
+
+fn findings(fs: &Fs) -> Vec<String> {
+    redbfs::check::invariants(&fs.store().read().unwrap()).unwrap()
+}
+
+fn du(fs: &Fs, path: &str) -> redbfs::tools::DuInfo {
+    redbfs::tools::du(&fs.store().read().unwrap(), path).unwrap()
+}
+
+#[test]
+fn a_directory_quota_holds_writes_creates_and_moves_in() {
+    let (_d, fs) = new_fs(Limits::default());
+    let u1 = mkdir(&fs, ROOT_INO, "u1");
+    let u2 = mkdir(&fs, ROOT_INO, "u2");
+    fs.set_quota("/u1", 1000, 6).unwrap();
+    write_file(&fs, u1, "a", &[1; 600]).unwrap();
+    // Refused at the write itself (buffered content counts), so close has nothing to lose.
+    assert_eq!(write_file(&fs, u1, "b", &[2; 600]), Err(libc::EDQUOT));
+    // The other user is not held by u1's quota.
+    write_file(&fs, u2, "big", &[3; 5000]).unwrap();
+    write_file(&fs, u1, "c", &[4; 300]).unwrap();
+    assert_eq!(du(&fs, "/u1").bytes, 900);
+
+    // A directory moving in that would overfill the target is refused whole.
+    let batch = mkdir(&fs, u2, "batch");
+    for i in 0..3 {
+        write_file(&fs, batch, &format!("f{i}"), &[5; 50]).unwrap();
+    }
+    let e = fs.rename(ME, u2, b"batch", u1, b"batch", 0).unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT);
+    assert!(e.to_string().contains("/u1"), "{e}");
+    assert!(fs.lookup(u2, b"batch").is_ok());
+    assert_eq!(du(&fs, "/u1").bytes, 900);
+    // A smaller one fits; moving it out again gives the room back.
+    fs.unlink(ME, batch, b"f0").unwrap();
+    fs.unlink(ME, batch, b"f1").unwrap();
+    fs.rename(ME, u2, b"batch", u1, b"batch", 0).unwrap();
+    assert_eq!(du(&fs, "/u1").bytes, 950);
+    fs.rename(ME, u1, b"batch", u2, b"batch", 0).unwrap();
+    assert_eq!(du(&fs, "/u1").bytes, 900);
+
+    // Files and directories: u1 holds a, c and b (created empty before its write was refused).
+    let held = du(&fs, "/u1");
+    assert_eq!(held.files + held.dirs - 1, 3);
+    for i in 0..3 {
+        mkdir(&fs, u1, &format!("d{i}"));
+    }
+    let e = fs.mkdir(ME, u1, b"one-too-many", 0o700, 0).unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT);
+    // A rename inside the root changes nothing it counts.
+    fs.rename(ME, u1, b"d0", u1, b"d0-renamed", 0).unwrap();
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
+#[test]
+fn nested_quotas_both_hold_and_statfs_reports_the_innermost() {
+    let (_d, fs) = new_fs(Limits::default());
+    let u = mkdir(&fs, ROOT_INO, "u");
+    let inner = mkdir(&fs, u, "inner");
+    fs.set_quota("/u", 10_000, 0).unwrap();
+    fs.set_quota("/u/inner", 100, 0).unwrap();
+    assert_eq!(write_file(&fs, inner, "x", &[1; 200]), Err(libc::EDQUOT));
+    write_file(&fs, u, "y", &[1; 200]).unwrap();
+    write_file(&fs, inner, "z", &[1; 80]).unwrap();
+    // The outer quota holds for what the inner one would allow.
+    fs.set_quota("/u", 400, 0).unwrap();
+    assert_eq!(write_file(&fs, u, "w", &[1; 150]), Err(libc::EDQUOT));
+
+    let s = fs.statfs_at(inner).unwrap();
+    assert_eq!(s.blocks, 1, "100 bytes is one 4K block");
+    let s = fs.statfs_at(u).unwrap();
+    assert_eq!(s.blocks, 1);
+    // A file's statfs is its directory's; the root's is the store's.
+    let y = fs.lookup(u, b"y").unwrap().ino;
+    assert_eq!(fs.statfs_at(y).unwrap().blocks, 1);
+    assert!(fs.statfs_at(ROOT_INO).unwrap().blocks > 1);
+    fs.set_quota("/u", 0, 0).unwrap();
+    fs.set_quota("/u", 1 << 30, 50).unwrap();
+    let s = fs.statfs_at(u).unwrap();
+    assert_eq!(s.blocks, (1u64 << 30) / 4096);
+    assert_eq!(s.files, 50);
+    assert_eq!(s.files_free, 50 - 5);
+    let listed = redbfs::fs::quotas(&fs.store().read().unwrap()).unwrap();
+    let paths: Vec<&str> = listed.iter().map(|q| q.path.as_str()).collect();
+    assert_eq!(paths, ["/u", "/u/inner"]);
+    assert_eq!(listed[0].bytes, 200 + 80 + 150 - 150);
+}
+
+#[test]
+fn a_quota_set_below_usage_refuses_growth_but_not_removal() {
+    let (_d, fs) = new_fs(Limits::default());
+    let u = mkdir(&fs, ROOT_INO, "u");
+    write_file(&fs, u, "a", &[1; 500]).unwrap();
+    write_file(&fs, u, "b", &[1; 500]).unwrap();
+    fs.set_quota("/u", 600, 0).unwrap();
+    assert_eq!(write_file(&fs, u, "c", &[1; 10]), Err(libc::EDQUOT));
+    fs.unlink(ME, u, b"a").unwrap();
+    fs.unlink(ME, u, b"c").unwrap();
+    write_file(&fs, u, "c", &[1; 90]).unwrap();
+    assert_eq!(du(&fs, "/u").bytes, 590);
+}
+
+#[test]
+fn revert_of_a_user_keeps_its_quota_and_is_held_by_it() {
+    let (_d, fs) = new_fs(Limits::default());
+    fs.store().set_keep_history(3600 * 1_000_000_000).unwrap();
+    let u = mkdir(&fs, ROOT_INO, "u");
+    let other = mkdir(&fs, ROOT_INO, "other");
+    write_file(&fs, u, "big", &[7; 3000]).unwrap();
+    write_file(&fs, other, "keep", b"untouched").unwrap();
+    let point = fs.store().read().unwrap().last_seq().unwrap();
+    fs.unlink(ME, u, b"big").unwrap();
+    write_file(&fs, other, "later", b"also untouched").unwrap();
+    fs.set_quota("/u", 1000, 0).unwrap();
+    // Bringing back 3000 bytes under a 1000-byte quota is refused whole.
+    let e = fs.revert(ME, "/u", point).unwrap_err();
+    assert_eq!(e.errno(), libc::EDQUOT, "{e}");
+    assert_eq!(du(&fs, "/u").bytes, 0);
+    fs.set_quota("/u", 5000, 0).unwrap();
+    fs.revert(ME, "/u", point).unwrap();
+    assert_eq!(du(&fs, "/u").bytes, 3000);
+    assert_eq!(
+        du(&fs, "/u").quota_bytes,
+        5000,
+        "the quota came back with /u"
+    );
+    assert_eq!(du(&fs, "/other").files, 2);
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
+/// Builds `n` files in a directory `name` under the root, in one transaction of the store.
+fn build_dir(store: &Store, name: &str, n: u64) -> u64 {
+    let mut w = store.write().unwrap();
+    let mut root = w.inode(ROOT_INO).unwrap().unwrap();
+    let dir = w.alloc_ino().unwrap();
+    let now = redbfs::store::now_ns();
+    let inode = |ino, kind, parent, name: &str| Inode {
+        ino,
+        kind,
+        perm: 0o700,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        parent,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        name: name.to_string(),
+    };
+    w.put_inode(&inode(dir, Kind::Dir, ROOT_INO, name)).unwrap();
+    w.put_dirent(ROOT_INO, name, dir, Kind::Dir).unwrap();
+    root.nlink += 1;
+    w.put_inode(&root).unwrap();
+    for i in 0..n {
+        let ino = w.alloc_ino().unwrap();
+        let f = format!("note-{i:05}.md");
+        w.put_inode(&inode(ino, Kind::File, dir, &f)).unwrap();
+        w.put_dirent(dir, &f, ino, Kind::File).unwrap();
+    }
+    w.commit(Sync::Durable).unwrap();
+    dir
+}
+
+/// The work (store operations) of renaming `/name` to a longer name one level deeper.
+fn rename_work(fs: &Fs, name: &str, into: u64) -> u64 {
+    let before = fs.store().subtree_work();
+    let longer = format!("{name}-renamed-to-a-much-longer-name");
+    fs.rename(ME, ROOT_INO, name.as_bytes(), into, longer.as_bytes(), 0)
+        .unwrap();
+    fs.store().subtree_work() - before
+}
+
+#[test]
+fn a_directory_rename_costs_the_same_at_10_and_10000_entries() {
+    let limits = Limits {
+        max_path_bytes: 120,
+        max_depth: 4,
+        ..Limits::default()
+    };
+    let (_d, fs) = new_fs(limits);
+    build_dir(fs.store(), "small", 10);
+    build_dir(fs.store(), "large", 10_000);
+    let deeper = mkdir(&fs, ROOT_INO, "deeper");
+    let small = rename_work(&fs, "small", deeper);
+    let large = rename_work(&fs, "large", deeper);
+    assert_eq!(small, large, "work of the rename, 10 vs 10,000 entries");
+    assert!(large < 50, "an O(depth) rename did {large} operations");
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
+#[test]
+fn the_path_limits_still_hold_on_every_entry_a_rename_moves() {
+    let limits = Limits {
+        max_path_bytes: 60,
+        max_depth: 3,
+        ..Limits::default()
+    };
+    let (_d, fs) = new_fs(limits);
+    let a = mkdir(&fs, ROOT_INO, "a");
+    let b = mkdir(&fs, a, "b");
+    write_file(&fs, b, "a-long-file-name-of-thirty-bytes", b"x").unwrap();
+    let target = mkdir(&fs, ROOT_INO, "t");
+    // /t/a/b/file is 4 levels: over --max-depth 3.
+    let e = fs.rename(ME, ROOT_INO, b"a", target, b"a", 0).unwrap_err();
+    assert_eq!(e.errno(), libc::ELOOP);
+    // /a-longer-name-of-twenty-five/b/a-long-... is 63 bytes: over 60.
+    let e = fs
+        .rename(
+            ME,
+            ROOT_INO,
+            b"a",
+            ROOT_INO,
+            b"a-longer-name-of-twenty-five",
+            0,
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENAMETOOLONG);
+
+    // The deep entry goes: the bound stays loose until a walk finds it so and tightens it.
+    fs.unlink(ME, b, b"a-long-file-name-of-thirty-bytes")
+        .unwrap();
+    let before = fs.store().subtree_work();
+    fs.rename(
+        ME,
+        ROOT_INO,
+        b"a",
+        ROOT_INO,
+        b"a-longer-name-of-twenty-five",
+        0,
+    )
+    .unwrap();
+    let walked = fs.store().subtree_work() - before;
+    let before = fs.store().subtree_work();
+    fs.rename(
+        ME,
+        ROOT_INO,
+        b"a-longer-name-of-twenty-five",
+        ROOT_INO,
+        b"a-longer-name-of-twenty-six",
+        0,
+    )
+    .unwrap();
+    let bounded = fs.store().subtree_work() - before;
+    assert!(bounded < walked, "tightened: {bounded} vs {walked}");
+    // RENAME_EXCHANGE is held by the same rule: /t/x/b/c would be 4 levels.
+    mkdir(&fs, b, "c");
+    let x = mkdir(&fs, target, "x");
+    mkdir(&fs, x, "y");
+    let e = fs
+        .rename(
+            ME,
+            ROOT_INO,
+            b"a-longer-name-of-twenty-six",
+            target,
+            b"x",
+            libc::RENAME_EXCHANGE,
+        )
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ELOOP);
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
+#[test]
+fn the_aggregates_survive_reopen_and_match_a_walk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    {
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let u = mkdir(&fs, ROOT_INO, "u");
+        let v = mkdir(&fs, u, "v");
+        write_file(&fs, v, "f", &[1; 70_000]).unwrap();
+        write_file(&fs, u, "g", b"12345").unwrap();
+        fs.set_quota("/u", 1 << 20, 100).unwrap();
+    }
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let d = du(&fs, "/u");
+    assert_eq!((d.files, d.dirs, d.bytes), (2, 2, 70_005));
+    assert_eq!((d.quota_bytes, d.quota_files), (1 << 20, 100));
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
