@@ -3,8 +3,10 @@
 //! store through it, because the daemon owns the store file.
 //!
 //! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
-//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), and the read-only queries of
-//! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
+//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), the
+//! changes of `tools::history_change` (`mark`, `rollback`, `revert`, `redact`, `snapshot_at`,
+//! `quota`), and the read-only queries of `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`,
+//! `quotas`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
 //! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
@@ -202,7 +204,7 @@ impl Daemon {
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),
-            Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at") => {
+            Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at" | "quota") => {
                 reply(self.fs().and_then(|fs| tools::history_change(&fs, req)))
             }
             Some(_) => self.query(req),
