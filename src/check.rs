@@ -161,6 +161,21 @@ fn subtrees(
             ));
         }
     }
+    let indexed: HashSet<u64> = r.quota_rows()?.into_iter().map(|(d, _)| d).collect();
+    for (ino, s) in &stored {
+        if s.has_quota() != indexed.contains(ino) {
+            findings.push(format!(
+                "the quota of directory {ino} and the index of quotas disagree"
+            ));
+        }
+    }
+    for ino in &indexed {
+        if !stored.contains_key(ino) {
+            findings.push(format!(
+                "the index of quotas names directory {ino}, which has no subtree record"
+            ));
+        }
+    }
     for (ino, s) in &stored {
         let is_dir = inodes.get(ino).is_some_and(|i| i.kind == Kind::Dir);
         if !is_dir && (s.files, s.dirs, s.bytes) != (0, 0, 0) {

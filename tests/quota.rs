@@ -1,8 +1,21 @@
-//! Quotas per directory and the per-directory aggregates under them, driven on `Fs` without a
+//! Quotas per directory and the per-directory aggregates under them. Driven on `Fs` without a
 //! mount: every path in is held (buffered writes, creates, renames and directory moves in,
 //! revert of a path), nested quotas both hold, statfs inside a root reports that root, the
 //! aggregates stay equal to what lies below each directory (`check`), and a directory rename
-//! costs the same work at 10 and 10,000 entries while the path limits still hold.
+//! costs the same work at 10 and 10,000 entries while the path limits still hold. On a real
+//! mount: 100 users, each with a stock SDK memory tool (both languages) whose base path is the
+//! user's root, write in parallel under a quota each; the user over quota gets EDQUOT while the
+//! others keep writing, each root's usage is what a walk counts, `df` inside a root reports it,
+//! and a rollback of one user leaves every other user's files byte-identical.
+//!
+//! The mount test needs the SDK clients (`bash tests/clients/setup.sh`); without them it fails
+//! and says so.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use redbfs::fs::{Caller, Fs, Limits};
 use redbfs::store::{Inode, Kind, ROOT_INO, Store, Sync};
@@ -166,6 +179,26 @@ fn revert_of_a_user_keeps_its_quota_and_is_held_by_it() {
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
 }
 
+#[test]
+fn redact_under_a_user_erases_past_versions_but_never_current_content() {
+    let (_d, fs) = new_fs(Limits::default());
+    fs.store().set_keep_history(3600 * 1_000_000_000).unwrap();
+    let u = mkdir(&fs, ROOT_INO, "u");
+    write_file(&fs, u, "a", b"first").unwrap();
+    let point = fs.store().read().unwrap().last_seq().unwrap();
+    fs.unlink(ME, u, b"a").unwrap();
+    write_file(&fs, u, "a", b"second").unwrap();
+    write_file(&fs, u, "b", b"gone soon").unwrap();
+    fs.unlink(ME, u, b"b").unwrap();
+    // "first" is current again, and also a past version in the history.
+    fs.revert(ME, "/u/a", point).unwrap();
+    assert!(fs.redact("/u", None).unwrap() >= 2);
+    let r = fs.store().read().unwrap();
+    assert_eq!(redbfs::tools::cat(&r, "/u/a").unwrap(), b"first");
+    drop(r);
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
 /// Builds `n` files in a directory `name` under the root, in one transaction of the store.
 fn build_dir(store: &Store, name: &str, n: u64) -> u64 {
     let mut w = store.write().unwrap();
@@ -319,4 +352,244 @@ fn the_aggregates_survive_reopen_and_match_a_walk() {
     assert_eq!((d.files, d.dirs, d.bytes), (2, 2, 70_005));
     assert_eq!((d.quota_bytes, d.quota_files), (1 << 20, 100));
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One mount, many users
+
+const USERS: usize = 100;
+const FILES: usize = 8;
+const BYTES: usize = 1500;
+/// Room for every user's notes and edits.
+const QUOTA: &str = "64K";
+/// A hog's quota: refused within its first few notes.
+const HOG_QUOTA: u64 = 8 * 1024;
+
+fn clients_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")
+}
+
+/// A runner of `tests/clients/users.*` for `users`, the first of them the hog.
+fn users_runner(node: bool, users_dir: &Path, users: &[String]) -> Command {
+    let dir = clients_dir();
+    let mut c = if node {
+        let mut c = Command::new("node");
+        c.arg(dir.join("users.mjs"));
+        c
+    } else {
+        let python = dir.join(".venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: run `bash tests/clients/setup.sh` first",
+            python.display()
+        );
+        let mut c = Command::new(python);
+        c.arg(dir.join("users.py"));
+        c
+    };
+    assert!(
+        dir.join("node_modules/@anthropic-ai/sdk").exists(),
+        "the Node SDK is not installed: run `bash tests/clients/setup.sh` first"
+    );
+    c.current_dir(&dir)
+        .arg(users_dir)
+        .arg(FILES.to_string())
+        .arg(BYTES.to_string())
+        .arg(&users[0])
+        .args(users);
+    c
+}
+
+fn store_json(m: &common::TestMount, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![args[0], m.store.to_str().unwrap()];
+    all.extend(&args[1..]);
+    all.push("--json");
+    let out = common::redbfs(&all);
+    assert!(out.status.success(), "redbfs {all:?}: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn run_ok(m: &common::TestMount, args: &[&str]) {
+    let mut all = vec![args[0], m.store.to_str().unwrap()];
+    all.extend(&args[1..]);
+    let out = common::redbfs(&all);
+    assert!(out.status.success(), "redbfs {all:?}: {out:?}");
+}
+
+/// Every file under `root` by relative path, with its content.
+fn files_below(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    common::walk_tree(root)
+        .unwrap()
+        .into_iter()
+        .map(|(p, w)| (p, w.content))
+        .collect()
+}
+
+#[test]
+fn a_hundred_users_with_sdk_tools_each_held_by_their_own_quota() {
+    if !common::fuse_available() {
+        return;
+    }
+    let m = common::TestMount::new();
+    let users: Vec<String> = (0..USERS).map(|i| format!("u{i:03}")).collect();
+    let users_dir = m.path("users");
+    for u in &users {
+        std::fs::create_dir_all(users_dir.join(u)).unwrap();
+    }
+    // Four processes of 25 users each, two per SDK; the first user of each is a hog.
+    let groups: Vec<&[String]> = users.chunks(USERS / 4).collect();
+    let hogs: Vec<&String> = groups.iter().map(|g| &g[0]).collect();
+    for u in &users {
+        let limit = if hogs.contains(&u) {
+            HOG_QUOTA.to_string()
+        } else {
+            QUOTA.to_string()
+        };
+        run_ok(&m, &["quota", &format!("/users/{u}"), "--bytes", &limit]);
+    }
+    let children: Vec<_> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            users_runner(i % 2 == 0, &users_dir, g)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a users runner")
+        })
+        .collect();
+    let mut report = serde_json::Map::new();
+    for (i, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "runner {i}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report.extend(v.as_object().unwrap().clone());
+    }
+    assert_eq!(report.len(), USERS);
+    for (i, g) in groups.iter().enumerate() {
+        let node = i % 2 == 0;
+        for u in g.iter() {
+            let r = &report[u.as_str()];
+            let errors: Vec<&str> = r["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap())
+                .collect();
+            if hogs.contains(&u) {
+                assert!(!errors.is_empty(), "{u} was never refused: {r}");
+                // What each SDK's tool tells the model (see tests/clients/refusals.expected.txt).
+                let says = if node {
+                    "Unknown system error -122"
+                } else {
+                    "OSError(122, 'Disk quota exceeded')"
+                };
+                for e in &errors {
+                    assert!(e.contains(says), "{u}: {e}");
+                }
+            } else {
+                assert!(errors.is_empty(), "{u}: {errors:?}");
+                assert_eq!(r["ok"], FILES + 2, "{u}: {r}");
+            }
+        }
+    }
+    // Each root's usage is what a walk of it counts; the hogs stayed within their quota.
+    let listed = store_json(&m, &["quota"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), USERS);
+    for q in listed {
+        let u = q["path"].as_str().unwrap().trim_start_matches("/users/");
+        let walked = common::walk_tree(&users_dir.join(u)).unwrap();
+        let bytes: u64 = walked
+            .values()
+            .map(|w| w.content.as_ref().map_or(0, |c| c.len() as u64))
+            .sum();
+        assert_eq!(q["bytes"].as_u64(), Some(bytes), "{u}: {q}");
+        assert_eq!(q["files"].as_u64(), Some(walked.len() as u64), "{u}: {q}");
+        if hogs.iter().any(|h| h.as_str() == u) {
+            assert!(bytes <= HOG_QUOTA, "{u}: {bytes}");
+        }
+        let du = store_json(&m, &["du", &format!("/users/{u}")]);
+        assert_eq!(du["bytes"].as_u64(), Some(bytes), "{u}: {du}");
+    }
+    // df inside a root: that root's quota and usage.
+    let hog_dir = users_dir.join(hogs[0].as_str());
+    let s = nix::sys::statvfs::statvfs(&hog_dir).unwrap();
+    assert_eq!(s.blocks() * s.fragment_size(), HOG_QUOTA);
+    let used = (s.blocks() - s.blocks_free()) * s.fragment_size();
+    assert!(used > 0 && used <= HOG_QUOTA, "{used}");
+    let s = nix::sys::statvfs::statvfs(&users_dir.join("u001")).unwrap();
+    assert_eq!(s.blocks() * s.fragment_size(), 64 * 1024);
+
+    // A rollback of one user leaves every other user's files byte-identical.
+    let mark = store_json(&m, &["log", "-n", "1"]);
+    let point = mark
+        .as_array()
+        .and_then(|a| a.first())
+        .map(|r| r["seq"].clone())
+        .unwrap();
+    let victim = users_dir.join("u010/memories");
+    let then = files_below(&users_dir.join("u010"));
+    std::fs::remove_file(victim.join("note-1.md")).unwrap();
+    std::fs::write(victim.join("note-0.md"), b"overwritten").unwrap();
+    std::fs::write(victim.join("new.md"), b"new").unwrap();
+    std::fs::write(users_dir.join("u011/memories/later.md"), b"after the point").unwrap();
+    let others: BTreeMap<&String, _> = users
+        .iter()
+        .filter(|u| u.as_str() != "u010")
+        .map(|u| (u, files_below(&users_dir.join(u))))
+        .collect();
+    run_ok(
+        &m,
+        &[
+            "rollback",
+            "--path",
+            "/users/u010",
+            "--to",
+            &point.to_string(),
+        ],
+    );
+    assert_eq!(files_below(&users_dir.join("u010")), then);
+    for (u, before) in &others {
+        assert_eq!(&files_below(&users_dir.join(u)), before, "{u} changed");
+    }
+    assert_eq!(
+        store_json(&m, &["du", "/users/u010"])["quota_bytes"].as_u64(),
+        Some(64 * 1024),
+        "the user's quota stays"
+    );
+
+    // One user's memories alone: a store of that subtree, and an export of it.
+    let out = m.dir.path().join("u003.redb");
+    run_ok(
+        &m,
+        &["snapshot", out.to_str().unwrap(), "--path", "/users/u003"],
+    );
+    let cat = common::redbfs(&["cat", out.to_str().unwrap(), "/memories/note-3.md"]);
+    assert_eq!(
+        cat.stdout,
+        std::fs::read(users_dir.join("u003/memories/note-3.md")).unwrap()
+    );
+    assert!(
+        common::redbfs(&["check", out.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let exported = m.dir.path().join("u003-export");
+    let out = common::redbfs(&[
+        "export",
+        m.store.to_str().unwrap(),
+        exported.to_str().unwrap(),
+        "--path",
+        "/users/u003",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(files_below(&exported), files_below(&users_dir.join("u003")));
+    let check = common::redbfs(&["check", m.store.to_str().unwrap()]);
+    assert!(check.status.success(), "{check:?}");
 }

@@ -313,10 +313,17 @@ impl Fs {
                 })
                 .collect(),
         };
-        // The current content is not history.
+        // The current content is not history: of the file at `path`, or of every file below
+        // the directory at `path` (a revert may have made an old version current again).
         if let Ok((now, _)) = super::resolve_path(&r, path) {
-            let current: std::collections::HashSet<u64> =
-                r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
+            let mut current = std::collections::HashSet::new();
+            let mut stack = vec![(now.ino, now.kind)];
+            while let Some((ino, kind)) = stack.pop() {
+                match kind {
+                    Kind::File => current.extend(r.filemap_of(ino)?.into_iter().map(|(_, b)| b)),
+                    Kind::Dir => stack.extend(r.list(ino)?.into_iter().map(|e| (e.ino, e.kind))),
+                }
+            }
             blobs.retain(|b| !current.contains(b));
         }
         blobs.sort_unstable();

@@ -320,9 +320,8 @@ impl Fs {
             dir_reserved: Mutex::new(HashMap::new()),
             any_quota: AtomicBool::new(false),
         };
-        let quotas = fs.store.read()?.all_subtrees()?;
-        fs.any_quota
-            .store(quotas.iter().any(|(_, r)| r.has_quota()), Ordering::Release);
+        let quotas = fs.store.read()?.quota_rows()?;
+        fs.any_quota.store(!quotas.is_empty(), Ordering::Release);
         fs.reclaim_orphans()?;
         Ok(fs)
     }

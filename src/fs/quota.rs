@@ -41,7 +41,7 @@ impl QuotaInfo {
 /// (kept for history restoring it) is left out.
 pub fn quotas(r: &store::ReadTxn) -> Result<Vec<QuotaInfo>> {
     let mut out = Vec::new();
-    for (ino, row) in r.all_subtrees()? {
+    for (ino, row) in r.quota_rows()? {
         let live = r.inode(ino)?.is_some_and(|i| i.nlink > 0);
         if !row.has_quota() || !live {
             continue;

@@ -222,6 +222,7 @@ impl Store {
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
             tx.open_table(SUBTREE).map_err(map_err)?;
+            tx.open_table(QUOTAS).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,

@@ -90,6 +90,7 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
             "subtree" => apply(tx, SUBTREE, &key, v),
+            "quotas" => apply(tx, QUOTAS, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

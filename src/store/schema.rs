@@ -55,6 +55,9 @@
 //!                                       below it; a missing row is an empty directory
 //!                                       without a quota, and a missing table a store built
 //!                                       before aggregates (they are built once at open)
+//! quotas   u64 dir ino     -> ()        the directories whose subtree record carries a quota:
+//!                                       an index, so listing quotas (and knowing whether
+//!                                       there are any) reads only these; missing: no quotas
 //! ```
 //!
 //! Meta key "subtree_seq" u64: the commit number up to which the aggregates were kept;
@@ -130,6 +133,7 @@ pub(crate) const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("hi
 pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
 pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
+pub(crate) const QUOTAS: TableDefinition<u64, ()> = TableDefinition::new("quotas");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";

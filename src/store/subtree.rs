@@ -163,6 +163,15 @@ impl Store {
             }
         }
         {
+            let mut q = w.tx.open_table(QUOTAS).map_err(map_err)?;
+            for (k, row) in &rows {
+                if row.has_quota() {
+                    q.insert(*k, ()).map_err(map_err)?;
+                    redo_put(&w.redo, QUOTAS, k, &());
+                }
+            }
+        }
+        {
             let mut t = w.tx.open_table(SUBTREE).map_err(map_err)?;
             let old: Vec<u64> = t
                 .iter()
@@ -212,7 +221,31 @@ impl ReadTxn {
         }
     }
 
-    /// Every stored row, in inode order (for check and the quota listing).
+    /// Whether the store has the index of directories with a quota.
+    pub(super) fn has_quota_index(&self) -> Result<bool, StoreError> {
+        match self.tx.open_table(QUOTAS) {
+            Ok(_) => Ok(true),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// The directories with a quota (those whose directory is gone included), with their rows.
+    pub fn quota_rows(&self) -> Result<Vec<(u64, SubtreeRecord)>, StoreError> {
+        let t = match self.tx.open_table(QUOTAS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(map_err(e)),
+        };
+        let mut out = Vec::new();
+        for item in t.iter().map_err(map_err)? {
+            let dir = item.map_err(map_err)?.0.value();
+            out.push((dir, self.subtree(dir)?));
+        }
+        Ok(out)
+    }
+
+    /// Every stored row, in inode order (for check).
     pub fn all_subtrees(&self) -> Result<Vec<(u64, SubtreeRecord)>, StoreError> {
         let t = match self.tx.open_table(SUBTREE) {
             Ok(t) => t,
@@ -460,6 +493,13 @@ impl WriteTxn<'_> {
         let row = self.row_mut(dir)?;
         row.quota_bytes = bytes;
         row.quota_files = files;
+        let mut t = self.tx.open_table(QUOTAS).map_err(map_err)?;
+        if bytes > 0 || files > 0 {
+            t.insert(dir, ()).map_err(map_err)?;
+            redo_put(&self.redo, QUOTAS, &dir, &());
+        } else if t.remove(dir).map_err(map_err)?.is_some() {
+            redo_del(&self.redo, QUOTAS, &dir);
+        }
         Ok(())
     }
 
