@@ -199,6 +199,39 @@ fn redact_under_a_user_erases_past_versions_but_never_current_content() {
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
 }
 
+#[test]
+fn an_import_into_a_user_is_held_by_its_quota_and_refused_whole() {
+    let (_d, fs) = new_fs(Limits::default());
+    mkdir(&fs, ROOT_INO, "u");
+    fs.set_quota("/u", 1000, 0).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("a.md"), [1u8; 600]).unwrap();
+    std::fs::write(src.path().join("b.md"), [2u8; 600]).unwrap();
+    let e = redbfs::tools::import(
+        fs.store(),
+        fs.limits(),
+        src.path(),
+        "/u",
+        false,
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.contains("/u would exceed its quota of 1000"), "{e}");
+    assert_eq!(du(&fs, "/u").files, 0);
+    std::fs::remove_file(src.path().join("b.md")).unwrap();
+    redbfs::tools::import(
+        fs.store(),
+        fs.limits(),
+        src.path(),
+        "/u",
+        false,
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(du(&fs, "/u").bytes, 600);
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
 /// Builds `n` files in a directory `name` under the root, in one transaction of the store.
 fn build_dir(store: &Store, name: &str, n: u64) -> u64 {
     let mut w = store.write().unwrap();

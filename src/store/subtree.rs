@@ -34,6 +34,8 @@ pub(super) struct Pending {
     chain: HashMap<u64, (u64, u32)>,
     /// Quotas are not checked at commit (see `WriteTxn::without_quotas`).
     unchecked: bool,
+    /// Nothing is tracked (see `WriteTxn::without_aggregates`).
+    off: bool,
 }
 
 /// A signed change of the three counts.
@@ -74,6 +76,12 @@ impl Store {
     /// chain of parents, entries visited by an exact walk. Tests count work with it.
     pub fn subtree_work(&self) -> u64 {
         self.subtree_work.load(Ordering::Relaxed)
+    }
+
+    /// Builds every directory's counts and bounds again from the inode records, in one
+    /// transaction (after a repair, which changes a tree whose parents may be broken).
+    pub fn rebuild_aggregates(&self) -> Result<(), StoreError> {
+        self.build_subtree()
     }
 
     /// Whether the aggregates must be (re)built: the table is missing, or a commit was made
@@ -390,6 +398,9 @@ impl WriteTxn<'_> {
         old: Option<&Inode>,
         new: Option<&Inode>,
     ) -> Result<(), StoreError> {
+        if self.agg.off {
+            return Ok(());
+        }
         let was = old.and_then(placement);
         let is = new.and_then(placement);
         if let (Some(o), Some(n)) = (old, new)
@@ -482,6 +493,13 @@ impl WriteTxn<'_> {
         Ok((sat32(b.0), sat32(b.1)))
     }
 
+    /// Changes without keeping the aggregates (a repair of a damaged tree): the commit leaves
+    /// them marked stale, and `Store::rebuild_aggregates` must follow.
+    pub fn without_aggregates(&mut self) {
+        self.agg.off = true;
+        self.agg.rows.clear();
+    }
+
     /// Commits without refusing growth past a quota: for scratch copies that replay history
     /// (a store as it was at a point), never for a change of a live store.
     pub fn without_quotas(&mut self) {
@@ -549,6 +567,9 @@ impl WriteTxn<'_> {
 
     /// Records that the aggregates are kept up to commit `seq` (see "subtree_seq").
     pub(super) fn mark_subtree_kept(&self, seq: u64) -> Result<(), StoreError> {
+        if self.agg.off {
+            return Ok(());
+        }
         let bytes = seq.to_le_bytes();
         self.tx
             .open_table(META)
