@@ -232,6 +232,44 @@ fn an_import_into_a_user_is_held_by_its_quota_and_refused_whole() {
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
 }
 
+/// A commit that did not keep the aggregates (as an older release's would not) leaves them
+/// stale; the next open rebuilds them in one pass, keeping the quotas.
+#[test]
+fn a_store_changed_without_the_aggregates_gets_them_rebuilt_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    {
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let u = mkdir(&fs, ROOT_INO, "u");
+        write_file(&fs, u, "a", &[1; 100]).unwrap();
+        fs.set_quota("/u", 1000, 0).unwrap();
+        let mut w = fs.store().write().unwrap();
+        w.without_aggregates();
+        let ino = w.alloc_ino().unwrap();
+        let mut f = w.inode(u).unwrap().unwrap();
+        f.ino = ino;
+        f.kind = Kind::File;
+        f.size = 0;
+        f.nlink = 1;
+        f.parent = u;
+        f.name = "b".into();
+        w.put_inode(&f).unwrap();
+        w.put_dirent(u, "b", ino, Kind::File).unwrap();
+        w.commit(Sync::Durable).unwrap();
+        let r = fs.store().read().unwrap();
+        assert!(!r.subtree_current().unwrap());
+        // Tools answer from a walk meanwhile.
+        assert_eq!(redbfs::tools::du(&r, "/u").unwrap().files, 2);
+    }
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    assert!(store.read().unwrap().subtree_current().unwrap());
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let d = du(&fs, "/u");
+    assert_eq!((d.files, d.bytes, d.quota_bytes), (2, 100, 1000));
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+}
+
 /// Builds `n` files in a directory `name` under the root, in one transaction of the store.
 fn build_dir(store: &Store, name: &str, n: u64) -> u64 {
     let mut w = store.write().unwrap();

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use redb::{ReadableTable, ReadableTableMetadata};
 
-use super::read::ReadTxn;
+use super::read::{ReadTxn, meta_u64_in};
 use super::redo::{redo_del, redo_put};
 use super::schema::*;
 use super::write::WriteTxn;
@@ -36,6 +36,8 @@ pub(super) struct Pending {
     unchecked: bool,
     /// Nothing is tracked (see `WriteTxn::without_aggregates`).
     off: bool,
+    /// This transaction built every row afresh (`Store::build_subtree`).
+    rebuilt: bool,
 }
 
 /// A signed change of the three counts.
@@ -198,6 +200,7 @@ impl Store {
                 redo_put(&w.redo, SUBTREE, k, &b.as_slice());
             }
         }
+        w.agg.rebuilt = true;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), directories = rows.len(), "built the per-directory usage and path bounds");
         Ok(())
@@ -565,16 +568,21 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
-    /// Records that the aggregates are kept up to commit `seq` (see "subtree_seq").
+    /// Records that the aggregates are kept up to commit `seq` (see "subtree_seq"): when
+    /// they were kept up to the commit before it and this one kept them too, or built them.
+    /// Once a commit did not keep them, no later one claims they are kept until a rebuild.
     pub(super) fn mark_subtree_kept(&self, seq: u64) -> Result<(), StoreError> {
         if self.agg.off {
             return Ok(());
         }
+        let mut meta = self.tx.open_table(META).map_err(map_err)?;
+        if !self.agg.rebuilt
+            && meta_u64_in(&meta, META_SUBTREE_SEQ)? != meta_u64_in(&meta, META_LOG_SEQ)?
+        {
+            return Ok(());
+        }
         let bytes = seq.to_le_bytes();
-        self.tx
-            .open_table(META)
-            .map_err(map_err)?
-            .insert(META_SUBTREE_SEQ, bytes.as_slice())
+        meta.insert(META_SUBTREE_SEQ, bytes.as_slice())
             .map_err(map_err)?;
         redo_put(&self.redo, META, &META_SUBTREE_SEQ, &bytes.as_slice());
         Ok(())
