@@ -5,7 +5,7 @@
 //! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
 //! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), the
 //! changes of `tools::history_change` (`mark`, `rollback`, `revert`, `redact`, `snapshot_at`,
-//! `quota`), and the read-only queries of `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`,
+//! `quota`, `expire`), and the read-only queries of `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`,
 //! `quotas`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
@@ -204,9 +204,9 @@ impl Daemon {
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),
-            Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at" | "quota") => {
-                reply(self.fs().and_then(|fs| tools::history_change(&fs, req)))
-            }
+            Some(
+                "mark" | "rollback" | "revert" | "redact" | "snapshot_at" | "quota" | "expire",
+            ) => reply(self.fs().and_then(|fs| tools::history_change(&fs, req))),
             Some(_) => self.query(req),
             None => json!({"ok": false, "error": "a request needs an \"op\""}),
         }

@@ -635,6 +635,27 @@ fn a_hundred_users_with_sdk_tools_each_held_by_their_own_quota() {
         "the user's quota stays"
     );
 
+    // Expiry under one user: one transaction, the others untouched.
+    let before_expiry = files_below(&users_dir.join("u098"));
+    let n = files_below(&users_dir.join("u099/memories")).len();
+    run_ok(
+        &m,
+        &["expire", "--path", "/users/u099", "--before", "2099-01-01"],
+    );
+    assert!(files_below(&users_dir.join("u099/memories")).is_empty());
+    assert_eq!(files_below(&users_dir.join("u098")), before_expiry);
+    // The files the kernel still referenced were orphaned, and reclaimed after.
+    let last = store_json(&m, &["log", "-n", "3"]);
+    let expiries: Vec<&serde_json::Value> = last
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["op"] == "expire")
+        .collect();
+    assert_eq!(expiries.len(), 1, "{last}");
+    assert_eq!(expiries[0]["paths"].as_array().unwrap().len(), n, "{last}");
+    assert_eq!(store_json(&m, &["du", "/users/u099"])["bytes"], 0);
+
     // One user's memories alone: a store of that subtree, and an export of it.
     let out = m.dir.path().join("u003.redb");
     run_ok(

@@ -197,6 +197,66 @@ impl Fs {
         res
     }
 
+    /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
+    /// file the kernel references or a handle holds becomes an orphan, as with unlink; the
+    /// kernel is told to drop the names. A path that is gone or not a file is passed over.
+    /// Returns the paths removed.
+    pub fn remove_files(&self, caller: Caller, paths: &[String]) -> Result<Vec<String>> {
+        self.writable()?;
+        self.flush_all();
+        let mut w = self.store().write()?;
+        let mut removals = Vec::new();
+        let mut removed = Vec::new();
+        // What the kernel must drop, whether or not history names it.
+        let (mut names, mut inodes) = (Vec::new(), Vec::new());
+        let now = crate::store::now_ns();
+        for p in paths {
+            let (parent, name) = match p.trim_end_matches('/').rsplit_once('/') {
+                Some((dir, name)) if !name.is_empty() => (dir, name),
+                _ => continue,
+            };
+            let mut dir = ROOT_INO;
+            let mut found = true;
+            for part in parent.split('/').filter(|s| !s.is_empty()) {
+                let part = self.parse_name(part.as_bytes())?;
+                match w.lookup(dir, part.as_str())? {
+                    Some((ino, Kind::Dir)) => dir = ino,
+                    _ => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            let name = self.parse_name(name.as_bytes())?;
+            let Some((ino, Kind::File)) = w.lookup(dir, name.as_str())?.filter(|_| found) else {
+                continue;
+            };
+            let r = self.claim_removal(ino);
+            Self::stage_removal(&mut w, ino, &r)?;
+            removals.push((ino, r));
+            w.remove_dirent(dir, name.as_str())?;
+            let mut d = w.inode(dir)?.ok_or(Error::NotFound)?;
+            d.mtime = now;
+            d.ctime = now;
+            w.put_inode(&d)?;
+            removed.push(p.clone());
+            names.push((dir, name.as_str().to_string()));
+            // The directory's times changed; an open file's buffer is left alone.
+            inodes.push(dir);
+        }
+        self.describe(&mut w, caller, "expire", 0, |_| removed.clone(), 0, 0);
+        let res = self.commit(w, Sync::Durable);
+        if res.is_ok() {
+            inodes.sort_unstable();
+            inodes.dedup();
+            self.after_out_of_band(names, inodes);
+        }
+        for (ino, r) in removals {
+            self.finish_removal(ino, r, res.is_ok());
+        }
+        res.map(|()| removed)
+    }
+
     /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle
     /// holds becomes an orphan).
     fn remove_tree(

@@ -121,6 +121,16 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
             let seq = point("to")?;
             json!({"to": seq, "undone": fs.rollback(caller, seq).map_err(err)?})
         }
+        "expire" => {
+            let paths: Vec<String> = req
+                .get("paths")
+                .and_then(Value::as_array)
+                .ok_or("expire needs \"paths\"")?
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect();
+            json!({"removed": fs.remove_files(caller, &paths).map_err(err)?})
+        }
         "quota" => {
             let get = |k: &str| req.get(k).and_then(Value::as_u64).unwrap_or(0);
             json!({"quota": fs.set_quota(path, get("bytes"), get("files")).map_err(err)?})
