@@ -3,13 +3,16 @@
 //! transaction that commits whole or not at all.
 //!
 //! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
-//! directory counts) change in the same transaction as the records they count.
+//! directory counts) and the per-directory counts change in the same transaction as the
+//! records they count.
 //!
 //! This file holds what every room shares: the error, the `Store` handle and its state. The
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
 //! with the schema's accessors; `content` stores file content in blobs and counts their
-//! references; `history` captures before-images and answers history queries; `commit` is the
+//! references; `history` captures before-images and answers history queries; `subtree` keeps
+//! what every directory carries (the counts below it, bounds of its paths, its quota) along
+//! its parents in each commit; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
