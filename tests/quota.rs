@@ -315,7 +315,7 @@ fn rename_work(fs: &Fs, name: &str, into: u64) -> u64 {
 }
 
 #[test]
-fn a_directory_rename_costs_the_same_at_10_and_10000_entries() {
+fn a_directory_move_between_quota_roots_costs_the_same_at_10_and_10000_entries() {
     let limits = Limits {
         max_path_bytes: 120,
         max_depth: 4,
@@ -324,9 +324,12 @@ fn a_directory_rename_costs_the_same_at_10_and_10000_entries() {
     let (_d, fs) = new_fs(limits);
     build_dir(fs.store(), "small", 10);
     build_dir(fs.store(), "large", 10_000);
+    // Into another user's directory with a quota: a move between quota roots.
     let deeper = mkdir(&fs, ROOT_INO, "deeper");
+    fs.set_quota("/deeper", 1 << 30, 20_000).unwrap();
     let small = rename_work(&fs, "small", deeper);
     let large = rename_work(&fs, "large", deeper);
+    assert_eq!(du(&fs, "/deeper").files, 10_010);
     eprintln!("rename work: {small} operations at 10 entries, {large} at 10,000");
     assert_eq!(small, large, "work of the rename, 10 vs 10,000 entries");
     assert!(large < 50, "an O(depth) rename did {large} operations");
