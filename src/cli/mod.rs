@@ -40,13 +40,42 @@ pub fn main() -> i32 {
         }
     };
     let cli = Cli::parse_from(args);
-    match run(cli.cmd) {
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        // The daemon sets up its own log; every other command's warnings reach the terminal.
+        terminal_warnings();
+    }
+    let res = run(cli.cmd);
+    if output::stdout_closed() {
+        // The reader went away (`| head`): the command unwound; it ends as SIGPIPE ends tools.
+        output::reader_gone();
+    }
+    match res {
         Ok(code) => code,
         Err(e) => {
             output::error(&e);
             1
         }
     }
+}
+
+/// Warnings (and errors) logged by the library print on stderr, `REDBFS_LOG` may say more.
+fn terminal_warnings() {
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // `target=level` directives, as the daemon reads them; one that does not parse falls back.
+    let filter: Targets = std::env::var("REDBFS_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| "redbfs=warn".parse().expect("the default directives parse"));
+    let layer = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .without_time()
+        .with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .try_init();
 }
 
 /// Runs one command; its exit code, or the error to print.

@@ -147,7 +147,7 @@ impl Fs {
             let f = self.acquire(ino)?;
             let res = {
                 let mut g = lock(&f.content);
-                g.last_writer = caller;
+                self.note_writer(&mut g, caller);
                 let r = self
                     .reserve(&mut g, size)
                     .and_then(|()| g.truncate(&self.store, size, now))

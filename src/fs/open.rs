@@ -185,8 +185,7 @@ impl Fs {
         g.stage(&mut w)?;
         // Under the write lock, so a replace checked after this commit sees it.
         if let Some(i) = w.inode(g.ino)? {
-            self.tracker
-                .wrote(g.last_writer.pid, g.ino, i.parent, &i.name);
+            self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
         }
         self.commit(w, Sync::Durable)?;
         g.committed();
@@ -225,7 +224,7 @@ impl Fs {
         // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
         if mode.truncate {
             let mut g = lock(&f.content);
-            g.last_writer = caller;
+            self.note_writer(&mut g, caller);
             if g.size != 0
                 && let Err(e) = g
                     .truncate(&self.store, 0, now_ns())
@@ -271,8 +270,8 @@ impl Fs {
         tracing::warn!(
             op,
             path,
-            replacer = c.replacer,
-            maker = c.maker,
+            replacer = c.replacer.pid,
+            maker = c.maker_pid(),
             refused = refuse,
             "lost update: {}",
             c.describe()
@@ -294,10 +293,21 @@ impl Fs {
             _ => {}
         }
         if refuse {
-            Err(Error::LostUpdate { maker: c.maker })
+            Err(Error::LostUpdate {
+                maker: c.maker_pid(),
+            })
         } else {
             Ok(())
         }
+    }
+
+    /// `caller` changes `g`'s content: its commit is attributed to it, and to its process,
+    /// told now, while the caller waits for this request (it may exit before the commit).
+    pub(super) fn note_writer(&self, g: &mut OpenFile, caller: Caller) {
+        if g.last_writer.pid != caller.pid || g.writer.is_none() {
+            g.writer = self.tracker.identify(caller.pid);
+        }
+        g.last_writer = caller;
     }
 
     /// Conflicts (lost updates recorded or refused) since mount, for status.
@@ -353,7 +363,7 @@ impl Fs {
         if end > g.size {
             self.reserve(&mut g, end)?;
         }
-        g.last_writer = caller;
+        self.note_writer(&mut g, caller);
         g.write(&self.store, offset, data, now_ns())?;
         self.account(&mut g)?;
         Ok(data.len() as u32)

@@ -38,10 +38,9 @@ mod subtree;
 pub mod wal;
 mod write;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
 
 use redb::Database;
 
@@ -50,8 +49,9 @@ pub use history::OpInfo;
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
-    Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
-    encode_segment, record_time,
+    Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,
+    SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,
+    record_time,
 };
 pub use schema::{
     CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, SubtreeRecord, Undo,
@@ -201,8 +201,6 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
-    /// Process names by pid, for history records (read from /proc once per burst).
-    comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was

@@ -4,10 +4,9 @@
 //! Invariant kept here: nothing commits before recovery has applied the log, and the log is
 //! removed only after a checkpoint that covers every record in it succeeded.
 
-use std::collections::HashMap;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 use redb::{Database, ReadableTable};
 
@@ -76,7 +75,6 @@ impl Store {
             wal: OnceLock::new(),
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
-            comms: Mutex::new(HashMap::new()),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
             subtree_work: AtomicU64::new(0),
