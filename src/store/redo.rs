@@ -76,7 +76,7 @@ impl Form {
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 10] = [
+const TABLE_FORMS: [(&str, Form, Form); 12] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -87,6 +87,8 @@ const TABLE_FORMS: [(&str, Form, Form); 10] = [
     ("history", Form::Fixed(8), Form::Bytes),
     ("marks", Form::Str, Form::Fixed(8)),
     ("redacted", Form::Fixed(8), Form::Fixed(0)),
+    ("subtree", Form::Fixed(8), Form::Bytes),
+    ("quotas", Form::Fixed(8), Form::Fixed(0)),
 ];
 
 /// Checks that a record decodes whole into entries redb can take: each a known operation on
