@@ -73,6 +73,19 @@ pub(super) fn revert(a: Revert) -> Result<i32, String> {
 }
 
 pub(super) fn rollback(a: Rollback) -> Result<i32, String> {
+    if let Some(path) = a
+        .path
+        .as_deref()
+        .filter(|p| !p.trim_matches('/').is_empty())
+    {
+        let req = json!({"op": "rollback", "path": path, "to": point(&a.to)});
+        let v = Target::resolve(&a.store)?.change(req)?;
+        output::done(&format!(
+            "rolled {path} back to @{} (the rest of the store untouched)",
+            v["to"]
+        ));
+        return Ok(0);
+    }
     let v = Target::resolve(&a.store)?.change(json!({"op": "rollback", "to": point(&a.to)}))?;
     output::done(&format!(
         "rolled back to @{} ({} records undone)",

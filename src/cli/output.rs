@@ -538,12 +538,88 @@ pub(super) fn du(v: &Value, path: &str, f: Format) {
         return;
     }
     outln!(
-        "{}\t{}\t({} files, {} directories)",
+        "{}\t{}\t({} files, {} directories){}",
         d["bytes"],
         shown(path),
         d["files"],
-        d["dirs"]
+        d["dirs"],
+        quota_note(d)
     );
+}
+
+/// ", quota 10485760 bytes, 1000 files" for a directory with a quota; empty otherwise.
+fn quota_note(d: &Value) -> String {
+    let mut out = String::new();
+    for (key, unit) in [("quota_bytes", "bytes"), ("quota_files", "files")] {
+        if let Some(n) = d[key].as_u64().filter(|n| *n > 0) {
+            out.push_str(&format!(", quota {n} {unit}"));
+        }
+    }
+    out
+}
+
+/// `quota STORE`: one line per directory with a quota: used/limit bytes, used/limit files.
+pub(super) fn quotas(list: &Value, f: Format) {
+    if f == Format::Json {
+        outln!("{list}");
+        return;
+    }
+    let rows = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    if rows.is_empty() {
+        errln!("no quotas");
+        return;
+    }
+    outln!(
+        "{:>14} {:>14} {:>10} {:>10}  path",
+        "bytes",
+        "limit",
+        "files",
+        "limit"
+    );
+    for q in rows {
+        let limit = |k: &str| match q[k].as_u64() {
+            Some(0) | None => "-".to_string(),
+            Some(n) => n.to_string(),
+        };
+        outln!(
+            "{:>14} {:>14} {:>10} {:>10}  {}",
+            q["bytes"],
+            limit("bytes_limit"),
+            q["files"],
+            limit("files_limit"),
+            text(&q["path"])
+        );
+    }
+}
+
+pub(super) fn quota_set(q: &Value, f: Format) {
+    if f == Format::Json {
+        outln!("{q}");
+        return;
+    }
+    let (b, n) = (
+        q["bytes_limit"].as_u64().unwrap_or(0),
+        q["files_limit"].as_u64().unwrap_or(0),
+    );
+    if b == 0 && n == 0 {
+        done(&format!("{}: no quota", text(&q["path"])));
+        return;
+    }
+    let limit = |n: u64, unit: &str| {
+        if n == 0 {
+            format!("no {unit} limit")
+        } else {
+            format!("{n} {unit}")
+        }
+    };
+    done(&format!(
+        "{}: quota {}, {} (holds {} bytes, {} files and directories)",
+        text(&q["path"]),
+        limit(b, "bytes"),
+        limit(n, "files"),
+        q["bytes"],
+        q["files"]
+    ));
 }
 
 pub(super) fn stats(store: &Path, mountpoint: Option<&Path>, v: &Value, f: Format) {
@@ -570,6 +646,10 @@ pub(super) fn stats(store: &Path, mountpoint: Option<&Path>, v: &Value, f: Forma
     outln!("largest files:");
     for f in s["largest"].as_array().into_iter().flatten() {
         outln!("  {:>12}  {}", f[1], text(&f[0]));
+    }
+    if s["quotas"].as_array().is_some_and(|l| !l.is_empty()) {
+        outln!("quotas:");
+        quotas(&s["quotas"], Format::Human);
     }
 }
 

@@ -160,11 +160,19 @@ impl Fs {
             ))
         })?;
         let mut removals = Vec::new();
+        let mut quota = None;
         if let Some((now_ino, kind)) = w.lookup(parent, name)? {
+            if kind == Kind::Dir {
+                quota = Some(w.subtree(now_ino)?).filter(|q| q.has_quota());
+            }
             self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
         }
         if let Some(ino) = then_ino {
             self.restore_tree(&mut w, &then, ino, parent, name)?;
+        }
+        // A quota belongs to the directory at that path now, whatever inode it gets back.
+        if let (Some(q), Some((ino, Kind::Dir))) = (quota, w.lookup(parent, name)?) {
+            w.set_quota(ino, q.quota_bytes, q.quota_files)?;
         }
         let now = crate::store::now_ns();
         let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
@@ -185,6 +193,66 @@ impl Fs {
             self.finish_removal(ino, r, res.is_ok());
         }
         res
+    }
+
+    /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
+    /// file the kernel references or a handle holds becomes an orphan, as with unlink; the
+    /// kernel is told to drop the names. A path that is gone or not a file is passed over.
+    /// Returns the paths removed.
+    pub fn remove_files(&self, caller: Caller, paths: &[String]) -> Result<Vec<String>> {
+        self.writable()?;
+        self.flush_all();
+        let mut w = self.store().write()?;
+        let mut removals = Vec::new();
+        let mut removed = Vec::new();
+        // What the kernel must drop, whether or not history names it.
+        let (mut names, mut inodes) = (Vec::new(), Vec::new());
+        let now = crate::store::now_ns();
+        for p in paths {
+            let (parent, name) = match p.trim_end_matches('/').rsplit_once('/') {
+                Some((dir, name)) if !name.is_empty() => (dir, name),
+                _ => continue,
+            };
+            let mut dir = ROOT_INO;
+            let mut found = true;
+            for part in parent.split('/').filter(|s| !s.is_empty()) {
+                let part = self.parse_name(part.as_bytes())?;
+                match w.lookup(dir, part.as_str())? {
+                    Some((ino, Kind::Dir)) => dir = ino,
+                    _ => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            let name = self.parse_name(name.as_bytes())?;
+            let Some((ino, Kind::File)) = w.lookup(dir, name.as_str())?.filter(|_| found) else {
+                continue;
+            };
+            let r = self.claim_removal(ino);
+            Self::stage_removal(&mut w, ino, &r)?;
+            removals.push((ino, r));
+            w.remove_dirent(dir, name.as_str())?;
+            let mut d = w.inode(dir)?.ok_or(Error::NotFound)?;
+            d.mtime = now;
+            d.ctime = now;
+            w.put_inode(&d)?;
+            removed.push(p.clone());
+            names.push((dir, name.as_str().to_string()));
+            // The directory's times changed; an open file's buffer is left alone.
+            inodes.push(dir);
+        }
+        self.describe(&mut w, caller, "expire", 0, |_| removed.clone(), 0, 0);
+        let res = self.commit(w, Sync::Durable);
+        if res.is_ok() {
+            inodes.sort_unstable();
+            inodes.dedup();
+            self.after_out_of_band(names, inodes);
+        }
+        for (ino, r) in removals {
+            self.finish_removal(ino, r, res.is_ok());
+        }
+        res.map(|()| removed)
     }
 
     /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle
@@ -301,10 +369,17 @@ impl Fs {
                 })
                 .collect(),
         };
-        // The current content is not history.
+        // The current content is not history: of the file at `path`, or of every file below
+        // the directory at `path` (a revert may have made an old version current again).
         if let Ok((now, _)) = super::resolve_path(&r, path) {
-            let current: std::collections::HashSet<u64> =
-                r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
+            let mut current = std::collections::HashSet::new();
+            let mut stack = vec![(now.ino, now.kind)];
+            while let Some((ino, kind)) = stack.pop() {
+                match kind {
+                    Kind::File => current.extend(r.filemap_of(ino)?.into_iter().map(|(_, b)| b)),
+                    Kind::Dir => stack.extend(r.list(ino)?.into_iter().map(|e| (e.ino, e.kind))),
+                }
+            }
             blobs.retain(|b| !current.contains(b));
         }
         blobs.sort_unstable();

@@ -192,6 +192,7 @@ impl WriteTxn<'_> {
         if self.lacks_room()? {
             return Err(StoreError::NoRoom);
         }
+        self.settle_subtree(true)?;
         self.record_history(now)?;
         self.apply_ref_deltas()?;
         self.store_counts(now)?;
@@ -226,6 +227,7 @@ impl WriteTxn<'_> {
     /// Commits as a checkpoint: durable in the store file itself, covering every commit
     /// before it, after which the log starts again.
     pub(super) fn commit_checkpoint(mut self) -> Result<u64, StoreError> {
+        self.settle_subtree(false)?;
         self.apply_ref_deltas()?;
         self.count_work();
         self.finish(Sync::Durable, true)
@@ -249,6 +251,7 @@ impl WriteTxn<'_> {
         let store = self.store;
         let mut gap = GapGuard { store, armed: true };
         store.injected_panic(fault::PanicAt::Numbered);
+        self.mark_subtree_kept(seq)?;
         // What the transaction changed: the log's record, and what replication ships.
         let redo = self.redo.take();
         let mut meta = self.tx.open_table(META).map_err(map_err)?;

@@ -77,6 +77,12 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY_TIMES, &mut stats, progress)?;
+        if self.subtree_current()? {
+            copy_table(&self.tx, &tx, SUBTREE, &mut stats, progress)?;
+        }
+        if self.has_quota_index()? {
+            copy_table(&self.tx, &tx, QUOTAS, &mut stats, progress)?;
+        }
         // The copy is complete in itself: no log belongs to it, and none ever matches it.
         tx.open_table(META)
             .map_err(map_err)?

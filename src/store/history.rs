@@ -214,6 +214,7 @@ impl ReadTxn {
         let s = Store::open_existing(out)?;
         let mut w = s.write()?;
         w.without_history();
+        w.without_quotas();
         for rec in w.history_after(seq)? {
             w.apply_undo(&rec.undo)?;
         }

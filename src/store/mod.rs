@@ -3,14 +3,17 @@
 //! transaction that commits whole or not at all.
 //!
 //! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
-//! directory counts) change in the same transaction as the records they count.
+//! directory counts) and the per-directory counts change in the same transaction as the
+//! records they count.
 //!
 //! This file holds what every room shares: the error, the `Store` handle and its state. The
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
 //! with the schema's accessors; `content` stores file content in blobs and counts their
 //! references; `history` captures before-images, keeps history's indexes and answers history
-//! queries; `past` reads the tree as it was at a point of history through those indexes; `commit` is the
+//! queries; `past` reads the tree as it was at a point of history through those indexes;
+//! `subtree` keeps what every directory carries (the counts below it, bounds of its paths, its
+//! quota) along its parents in each commit; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
@@ -34,6 +37,7 @@ mod replica;
 pub mod schema;
 #[doc(hidden)]
 pub mod sim;
+mod subtree;
 pub mod wal;
 mod write;
 
@@ -54,7 +58,9 @@ pub use replica::{
     SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,
     record_time,
 };
-pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
+pub use schema::{
+    CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, SubtreeRecord, Undo,
+};
 pub use write::{OpInfo, WriteTxn};
 
 /// Why the store could not do what was asked.
@@ -84,6 +90,9 @@ pub enum StoreError {
     /// The store must be written before it can be read as it is (recovered after a crash,
     /// or migrated), which a read-only open never does.
     NeedsWriting { path: PathBuf, why: &'static str },
+    /// Refused before committing: the transaction grows directory `dir` past its quota of
+    /// `limit` content bytes (or, when `files`, files and directories). Nothing was written.
+    DirQuota { dir: u64, files: bool, limit: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -114,6 +123,15 @@ impl std::fmt::Display for StoreError {
                 "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
                  which reads a recovered private copy) before opening it read-only",
                 path.display()
+            ),
+            StoreError::DirQuota { dir, files, limit } => write!(
+                f,
+                "directory inode {dir} would exceed its quota of {limit} {}",
+                if *files {
+                    "files and directories"
+                } else {
+                    "content bytes"
+                }
             ),
             StoreError::Checksum { ino, idx, blob } => write!(
                 f,
@@ -202,6 +220,8 @@ pub struct Store {
     /// Why `write` refuses although the file is writable (a follower's store, which only its
     /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
     frozen: Mutex<Option<String>>,
+    /// Operations the per-directory aggregates did (see `subtree`).
+    subtree_work: AtomicU64,
 }
 
 impl Store {

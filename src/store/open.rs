@@ -50,7 +50,12 @@ impl Store {
         let store = Store::over(Engine::Writable(db), faults, disk, path);
         // Before anything commits: the first commit starts a new log.
         store.recover()?;
+        // Judged before a migration or the formatting of a new store commits.
+        let stale = store.subtree_stale()?;
         store.init_or_verify(root_owner)?;
+        if stale {
+            store.build_subtree()?;
+        }
         Ok(store)
     }
 
@@ -76,6 +81,7 @@ impl Store {
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
             frozen: Mutex::new(None),
+            subtree_work: AtomicU64::new(0),
         }
     }
 
@@ -240,6 +246,8 @@ impl Store {
             tx.open_table(HISTORY_KEYS).map_err(map_err)?;
             tx.open_table(HISTORY_PATHS).map_err(map_err)?;
             tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+            tx.open_table(SUBTREE).map_err(map_err)?;
+            tx.open_table(QUOTAS).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,

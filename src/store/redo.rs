@@ -101,7 +101,7 @@ impl Form {
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 13] = [
+const TABLE_FORMS: [(&str, Form, Form); 15] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -115,6 +115,8 @@ const TABLE_FORMS: [(&str, Form, Form); 13] = [
     ("history_keys", Form::BytesU64, Form::Bytes),
     ("history_paths", Form::StrU64, Form::Fixed(0)),
     ("history_times", Form::Fixed(16), Form::Fixed(0)),
+    ("subtree", Form::Fixed(8), Form::Bytes),
+    ("quotas", Form::Fixed(8), Form::Fixed(0)),
 ];
 
 /// Checks that a record decodes whole into entries redb can take: each a known operation on
@@ -240,6 +242,8 @@ pub(super) fn replay_noting(
             "history_keys" => apply(tx, HISTORY_KEYS, &key, v),
             "history_paths" => apply(tx, HISTORY_PATHS, &key, v),
             "history_times" => apply(tx, HISTORY_TIMES, &key, v),
+            "subtree" => apply(tx, SUBTREE, &key, v),
+            "quotas" => apply(tx, QUOTAS, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

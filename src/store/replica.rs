@@ -576,7 +576,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.redb");
         drop(Store::open_or_create(&path, (0, 0)).unwrap());
-        let payload = put("meta", b"note", b"hello");
+        // A record of a build that keeps the per-directory counts marks them kept.
+        let payload = [
+            put("meta", b"note", b"hello"),
+            put("meta", b"subtree_seq", &1_000u64.to_le_bytes()),
+        ]
+        .concat();
         let seg = encode_segment(9, [(1_000, payload.as_slice())].into_iter());
         let recs = decode_segment(9, &seg, 1_000, 1_000).unwrap();
         apply_records(&path, &recs).unwrap();

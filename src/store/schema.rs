@@ -70,6 +70,44 @@
 //! files, directories and bytes of file content, updated by every commit that changes them),
 //! "last_commit" i64 (when the last transaction committed, ns since the epoch).
 //!
+//! # Per-directory aggregates and quotas
+//!
+//! ```text
+//! subtree  u64 dir ino     -> &[u8]     a `SubtreeRecord` (below): what lies below the
+//!                                       directory, and its quota if it has one. Kept for
+//!                                       every directory in the same commit as the change
+//!                                       below it; a missing row is an empty directory
+//!                                       without a quota, and a missing table a store built
+//!                                       before aggregates (they are built once at open)
+//! quotas   u64 dir ino     -> ()        the directories whose subtree record carries a quota:
+//!                                       an index, so listing quotas (and knowing whether
+//!                                       there are any) reads only these; missing: no quotas
+//! ```
+//!
+//! Meta key "subtree_seq" u64: the commit number up to which the aggregates were kept;
+//! written by every commit of a build that keeps them, so a store changed by an older build
+//! (which leaves it behind "log_seq") has them rebuilt at its next open.
+//!
+//! `SubtreeRecord`, version 1 (little-endian, 49 bytes):
+//!
+//! ```text
+//! 0   u8   record version (1)
+//! 1   u64  files below the directory (at any depth)
+//! 9   u64  directories below it (not counting itself)
+//! 17  u64  content bytes of those files
+//! 25  u32  an upper bound of the levels of the deepest entry below it, relative to it
+//!          ("a/b" is 2; 0 for an empty directory)
+//! 29  u32  an upper bound of the bytes of the longest relative path below it ("/a/b" is 4)
+//! 33  u64  quota: content bytes allowed below it (0: no limit)
+//! 41  u64  quota: files and directories allowed below it (0: no limit)
+//! ```
+//!
+//! Counts are exact; the two bounds may be loose after removals (they only grow with
+//! creates and moves in, and an exact walk tightens them), so a rename checks its path
+//! limits in O(depth) and walks only when a bound says the limits might be crossed. A row
+//! may outlive its directory when it carries a quota (counts then zero): inode numbers are
+//! never reused except by history restoring that same directory, which gets its quota back.
+//!
 //! # Inode record, version 1 (little-endian)
 //!
 //! ```text
@@ -126,6 +164,8 @@ pub(crate) const HISTORY_PATHS: TableDefinition<(&str, u64), ()> =
     TableDefinition::new("history_paths");
 pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
     TableDefinition::new("history_times");
+pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
+pub(crate) const QUOTAS: TableDefinition<u64, ()> = TableDefinition::new("quotas");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
@@ -154,6 +194,7 @@ pub(crate) const META_FILES: &str = "files";
 pub(crate) const META_DIRS: &str = "dirs";
 pub(crate) const META_CONTENT_BYTES: &str = "content_bytes";
 pub(crate) const META_LAST_COMMIT: &str = "last_commit";
+pub(crate) const META_SUBTREE_SEQ: &str = "subtree_seq";
 
 const INODE_RECORD_VERSION: u8 = 1;
 const INODE_FIXED_LEN: usize = 68;
@@ -648,6 +689,93 @@ mod tests {
         b[0] = 2;
         assert_eq!(Inode::decode(42, &b), None);
         assert_eq!(Inode::decode(42, &b[..10]), None);
+    }
+}
+
+/// What lies below one directory, and its quota (see "Per-directory aggregates").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SubtreeRecord {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    /// Upper bound of the levels of the deepest entry below, relative to the directory.
+    pub depth: u32,
+    /// Upper bound of the bytes of the longest path below, relative to the directory.
+    pub path_bytes: u32,
+    /// Content bytes allowed below (0: no limit).
+    pub quota_bytes: u64,
+    /// Files and directories allowed below (0: no limit).
+    pub quota_files: u64,
+}
+
+const SUBTREE_RECORD_VERSION: u8 = 1;
+const SUBTREE_RECORD_LEN: usize = 49;
+
+impl SubtreeRecord {
+    /// Files and directories below.
+    pub fn entries(&self) -> u64 {
+        self.files.saturating_add(self.dirs)
+    }
+
+    pub fn has_quota(&self) -> bool {
+        self.quota_bytes > 0 || self.quota_files > 0
+    }
+
+    pub fn encode(&self) -> [u8; SUBTREE_RECORD_LEN] {
+        let mut out = [0u8; SUBTREE_RECORD_LEN];
+        out[0] = SUBTREE_RECORD_VERSION;
+        out[1..9].copy_from_slice(&self.files.to_le_bytes());
+        out[9..17].copy_from_slice(&self.dirs.to_le_bytes());
+        out[17..25].copy_from_slice(&self.bytes.to_le_bytes());
+        out[25..29].copy_from_slice(&self.depth.to_le_bytes());
+        out[29..33].copy_from_slice(&self.path_bytes.to_le_bytes());
+        out[33..41].copy_from_slice(&self.quota_bytes.to_le_bytes());
+        out[41..49].copy_from_slice(&self.quota_files.to_le_bytes());
+        out
+    }
+
+    /// Decodes a record; `None` when the bytes are not a version-1 subtree record.
+    pub fn decode(b: &[u8]) -> Option<SubtreeRecord> {
+        if b.len() != SUBTREE_RECORD_LEN || b[0] != SUBTREE_RECORD_VERSION {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        Some(SubtreeRecord {
+            files: u64_at(1),
+            dirs: u64_at(9),
+            bytes: u64_at(17),
+            depth: u32_at(25),
+            path_bytes: u32_at(29),
+            quota_bytes: u64_at(33),
+            quota_files: u64_at(41),
+        })
+    }
+}
+
+#[cfg(test)]
+mod subtree_tests {
+    use super::*;
+
+    #[test]
+    fn a_subtree_record_round_trips() {
+        let r = SubtreeRecord {
+            files: 1,
+            dirs: 2,
+            bytes: 3 << 40,
+            depth: 4,
+            path_bytes: 5,
+            quota_bytes: 6,
+            quota_files: 7,
+        };
+        let b = r.encode();
+        assert_eq!(b[0], 1);
+        assert_eq!(&b[17..25], &(3u64 << 40).to_le_bytes());
+        assert_eq!(SubtreeRecord::decode(&b), Some(r));
+        assert_eq!(SubtreeRecord::decode(&b[..48]), None);
+        let mut bad = b;
+        bad[0] = 2;
+        assert_eq!(SubtreeRecord::decode(&bad), None);
     }
 }
 

@@ -70,6 +70,8 @@ pub struct WriteTxn<'s> {
     pub(super) new_blobs: Vec<std::ops::Range<u64>>,
     /// Bookkeeping steps taken so far (see `Store::commit_work`).
     pub(super) steps: std::cell::Cell<u64>,
+    /// The per-directory rows this transaction changed (see `subtree`).
+    pub(super) agg: super::subtree::Pending,
 }
 
 impl Store {
@@ -104,6 +106,7 @@ impl Store {
             ref_deltas: BTreeMap::new(),
             new_blobs: Vec::new(),
             steps: std::cell::Cell::new(0),
+            agg: Default::default(),
         })
     }
 
@@ -197,6 +200,7 @@ impl WriteTxn<'_> {
             }
         }
         drop(t);
+        self.track_inode(ino, old.as_ref(), new)?;
         for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
             if let Some(i) = i {
                 match i.kind {
