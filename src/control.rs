@@ -40,6 +40,7 @@ pub struct Daemon {
     pub unmount: Box<dyn Fn() -> Result<(), String> + Send + Sync>,
     /// The mount's replication, while it runs.
     replication: std::sync::Mutex<Option<Arc<crate::replica::Replication>>>,
+    follower: std::sync::Mutex<Option<Arc<crate::replica::Follower>>>,
 }
 
 impl Daemon {
@@ -55,12 +56,25 @@ impl Daemon {
             store,
             unmount,
             replication: std::sync::Mutex::new(None),
+            follower: std::sync::Mutex::new(None),
         }
     }
 
     /// Sets (or, with None, drops) the replication `status` reports on.
     pub fn set_replication(&self, r: Option<Arc<crate::replica::Replication>>) {
         *self.replication.lock().unwrap_or_else(|p| p.into_inner()) = r;
+    }
+
+    /// Sets (or, with None, drops) the follower `status` reports on.
+    pub fn set_follower(&self, f: Option<Arc<crate::replica::Follower>>) {
+        *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    fn follower(&self) -> Value {
+        match &*self.follower.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(f) => f.status(),
+            None => Value::Null,
+        }
     }
 
     fn replicas(&self, commits: u64) -> Value {
@@ -108,6 +122,8 @@ impl Daemon {
                 "log_bytes": log_bytes,
                 "poisoned": fs.is_poisoned(),
                 "read_only": fs.is_read_only(),
+                "read_only_why": fs.store().frozen(),
+                "follower": self.follower(),
                 "limits": fs.limits(),
                 "conflicts": fs.conflicts(),
                 "kernel_references": fs.referenced(),

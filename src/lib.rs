@@ -3,7 +3,7 @@
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
-//! `ratelimit` keeps repeated log lines to one per interval; `notify` tells systemd when the
+//! `process` tells processes apart by pid and start time; `ratelimit` keeps repeated log lines to one per interval; `notify` tells systemd when the
 //! mount is ready and when it stops; `tools` are the operations on a store file (snapshot,
 //! export, import, history ...) the CLI and the control socket share; `replica` ships a
 //! mounted store's commits to object storage and restores from there.
@@ -16,6 +16,7 @@ pub mod fuse;
 pub mod mount;
 pub mod notify;
 pub mod private;
+pub mod process;
 pub mod ratelimit;
 pub mod replica;
 pub mod store;

@@ -3,6 +3,9 @@
 //! socket, a snapshot and its temporary file, an export) is created here with mode 0600
 //! whatever the umask, with `O_NOFOLLOW`, and with `O_EXCL` where it must be new; a store
 //! is kept only in a directory no other user can plant a file in (see `check_store_dir`).
+//! The one kind of file meant for others, a page written into a directory (`redbfs man
+//! --out-dir`), is mode 0644 and replaces what is at its name, never writing through it
+//! (`publish`).
 //!
 //! Also here: `escape`, which makes a name from a hostile tree safe to show on a terminal.
 
@@ -38,6 +41,45 @@ pub fn describe(path: &Path, e: io::Error) -> String {
 /// a symlink included.
 pub fn create_new(path: &Path) -> io::Result<File> {
     opts().read(true).write(true).create_new(true).open(path)
+}
+
+/// Writes `bytes` as `dir/name`, mode 0644 whatever the umask: under a new temporary name made
+/// relative to `dir`'s descriptor (`O_EXCL|O_NOFOLLOW`), then renamed over `name`. A symlink
+/// or hard link planted at `name` is replaced, never followed or written through; a reader
+/// finds the old page or the new one, whole.
+pub fn publish(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    use nix::fcntl::{OFlag, open, openat, renameat};
+    use nix::sys::stat::Mode;
+    use std::io::Write;
+    let shown = |e: &dyn std::fmt::Display| format!("{}: {e}", dir.join(name).display());
+    let dirfd = open(
+        dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tmp = format!(".{name}.tmp-{}", std::process::id());
+    let fd = openat(
+        &dirfd,
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| shown(&e))?;
+    let mut f = File::from(fd);
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(0o644)))
+        .map_err(|e| shown(&e))
+        .and_then(|()| renameat(&dirfd, tmp.as_str(), &dirfd, name).map_err(|e| shown(&e)));
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(
+            &dirfd,
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+    written
 }
 
 /// Creates the output file of a tool (`export --tar FILE`): new, mode 0600, never through a
@@ -169,11 +211,7 @@ pub fn escape(raw: &[u8]) -> String {
         for c in chunk.valid().chars() {
             match c {
                 '\\' => out.push_str("\\\\"),
-                c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                    out.push_str(&format!("\\x{:02x}", c as u32))
-                }
-                c if invisible(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-                c => out.push(c),
+                c => push_shown(&mut out, c),
             }
         }
         for b in chunk.invalid() {
@@ -181,6 +219,25 @@ pub fn escape(raw: &[u8]) -> String {
         }
     }
     out
+}
+
+/// Text printed on a terminal (a process name, a message that may quote what `escape` already
+/// made safe): control and invisible characters escaped as by `escape`, a backslash left as it
+/// is, so escaping twice changes nothing.
+pub fn escape_controls(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        push_shown(&mut out, c);
+    }
+    out
+}
+
+fn push_shown(out: &mut String, c: char) {
+    match c {
+        c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if invisible(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        c => out.push(c),
+    }
 }
 
 /// C1 controls, format characters (Unicode category Cf), line and paragraph separators, and
@@ -209,6 +266,9 @@ mod tests {
         assert_eq!(escape(b"a\nb\\c"), "a\\x0ab\\\\c");
         assert_eq!(escape(b"bad\xffbyte"), "bad\\xffbyte");
         assert_eq!(escape("\u{2028}\u{9b}".as_bytes()), "\\u{2028}\\u{9b}");
+        let once = escape_controls("a\\b\x1b]0;X\x07\u{202e}");
+        assert_eq!(once, "a\\b\\x1b]0;X\\x07\\u{202e}");
+        assert_eq!(escape_controls(&once), once);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -125,7 +126,147 @@ fn man_pages_parse_and_name_every_command() {
         let p = pages.join(format!("{page}.1"));
         assert!(p.exists(), "no page {page}.1");
         assert_eq!(groff_warnings(&p), "", "{page}.1");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644, "{page}.1 is {mode:o}");
     }
+
+    // A symlink and a hard link planted at pages' names are replaced, never written through.
+    let victim = dir.path().join("victim");
+    let linked = dir.path().join("linked");
+    std::fs::write(&victim, "keep").unwrap();
+    std::fs::write(&linked, "keep too").unwrap();
+    std::fs::remove_file(pages.join("redbfs.1")).unwrap();
+    std::fs::remove_file(pages.join("redbfs-mount.1")).unwrap();
+    std::os::unix::fs::symlink(&victim, pages.join("redbfs.1")).unwrap();
+    std::fs::hard_link(&linked, pages.join("redbfs-mount.1")).unwrap();
+    stdout(&redbfs(&["man", "--out-dir", pages.to_str().unwrap()]));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+    assert_eq!(std::fs::read_to_string(&linked).unwrap(), "keep too");
+    let page = std::fs::symlink_metadata(pages.join("redbfs.1")).unwrap();
+    assert!(page.is_file(), "the symlink is still there");
+    assert_eq!(
+        std::fs::read_to_string(pages.join("redbfs.1")).unwrap(),
+        top
+    );
+}
+
+/// Every numeric option of `mount` has bounds, refused by the option's name before anything
+/// starts, in both forms (`--threads N` and mount(8)'s `-o threads=N`).
+#[test]
+fn numeric_options_out_of_bounds_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let mp = mp.to_str().unwrap();
+    for (flag, bad) in [
+        ("threads", "100000000"),
+        ("threads", "0"),
+        ("max-file-bytes", "0"),
+        ("max-file-bytes", "4096T"),
+        ("max-buffer", "99999999999T"),
+        ("quota", "2048T"),
+        ("max-files", "0"),
+        ("max-path-bytes", "10000000"),
+        ("max-depth", "100000"),
+        ("keep-history", "40000d"),
+        ("replica-interval", "0"),
+        ("replica-snapshot-every", "1ms"),
+        ("replica-keep", "50000d"),
+    ] {
+        let flag_arg = format!("--{flag}");
+        let option = format!("{}={bad}", flag.replace('-', "_"));
+        for out in [
+            redbfs(&["mount", mp, &flag_arg, bad]),
+            redbfs(&["store.redb", mp, "-o", &option]),
+        ] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag} {bad}: {err}");
+            assert!(err.contains(&format!("'--{flag} <")), "{flag} {bad}: {err}");
+        }
+    }
+    assert!(
+        !Path::new(mp).exists(),
+        "a refused mount created its mountpoint"
+    );
+}
+
+/// The README's test command first checks the system packages it needs, from the one list
+/// `.ci/run` installs from, and names each one missing: here a package of a fake list, and
+/// `acl` of the real list with `setfacl` taken off PATH.
+#[test]
+fn the_prerequisite_check_names_each_missing_package() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = root.join("scripts/prereqs");
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("packages");
+    std::fs::write(
+        &fake,
+        "# a fake list\nbash bash\nredbfs-fake-package redbfs-no-such-command  # why\n\
+         fake-venv python3 -c 'import no_such_module'\n",
+    )
+    .unwrap();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--check")
+        .env("REDBFS_PACKAGES", &fake)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("redbfs-fake-package (for: redbfs-no-such-command)"),
+        "{err}"
+    );
+    assert!(err.contains("fake-venv"), "{err}");
+    assert!(
+        err.contains("apt-get install -y redbfs-fake-package fake-venv"),
+        "{err}"
+    );
+    assert!(!err.contains("  bash"), "{err}");
+
+    // The real list, on a PATH holding every command it names but setfacl.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let list = std::fs::read_to_string(root.join("scripts/packages")).unwrap();
+    let mut commands: Vec<&str> = vec!["bash", "cargo", "python3"];
+    for line in list.lines().filter(|l| !l.starts_with('#')) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() >= 2 && fields.get(2).is_none_or(|f| f.starts_with('#')) {
+            commands.push(fields[1]);
+        }
+    }
+    assert!(
+        commands.contains(&"setfacl"),
+        "acl is no longer in scripts/packages"
+    );
+    let path = std::env::var_os("PATH").unwrap();
+    for c in commands.into_iter().filter(|c| *c != "setfacl") {
+        let found = std::env::split_paths(&path)
+            .map(|d| d.join(c))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{c} is not installed here: run scripts/prereqs"));
+        let _ = std::os::unix::fs::symlink(found, bin.join(c));
+    }
+    // The interpreter itself, not a version manager's shim that needs the rest of PATH.
+    let python = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(bin.join("python3"));
+    std::os::unix::fs::symlink(stdout(&python).trim(), bin.join("python3")).unwrap();
+    let out = Command::new(bin.join("bash"))
+        .arg(&script)
+        .arg("--check")
+        .env("PATH", &bin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("  acl (for: setfacl)"), "{err}");
+    assert_eq!(
+        err.matches(" (for: ").count(),
+        1,
+        "only acl is missing: {err}"
+    );
 }
 
 #[test]

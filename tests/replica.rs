@@ -503,9 +503,10 @@ fn an_offline_change_starts_a_new_generation() {
     assert_eq!(m.restore(&url, None), want);
 }
 
-/// A store restored from its replica is at exactly the commit the replica's generation
-/// reaches, and holds the record naming that generation; it still must not append to it (the
-/// replica may hold the original store's chain): its first replicated mount starts a new one.
+/// A store restored from its replica ships nowhere until told (the restore says which URLs
+/// it dropped and the flag that continues them); told, it still must not append to the
+/// generation it came from (the replica may hold the original store's chain): its first
+/// replicated mount starts a new one.
 #[test]
 fn a_restored_store_starts_its_own_generation() {
     if !fuse_available() {
@@ -517,12 +518,19 @@ fn a_restored_store_starts_its_own_generation() {
     m.unmount();
     let store = m.store.to_str().unwrap().to_string();
     let out = m.run(&["restore", "--from", &url, &store, "--discard-current"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        said.contains(&format!("no longer ships to replica {url}"))
+            && said.contains(&format!("--replica {url}")),
+        "the restore names the replica it dropped and the flag that continues it: {said}"
     );
-    m.mount(&[]);
+    let out = m.run(&["status", &store]);
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("replica:"),
+        "a restored store ships nowhere"
+    );
+    m.mount(&["--replica", &url]);
     assert_eq!(tree(&m.mp), states.last().unwrap().1);
     m.caught_up();
     m.unmount();

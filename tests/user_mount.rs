@@ -46,7 +46,7 @@ impl DeviceGrant {
         let out = Command::new("setfacl")
             .args(["-m", &format!("u:{USER}:rw"), "/dev/fuse"])
             .output()
-            .expect("run setfacl (package acl; .ci/run installs it)");
+            .expect("run setfacl (package acl: scripts/prereqs installs it)");
         assert!(
             out.status.success(),
             "setfacl: {}",

@@ -52,7 +52,7 @@ pub(super) enum Names {
 #[derive(Subcommand, Debug)]
 pub(super) enum Cmd {
     /// Mount a store (created if missing) on MOUNTPOINT; returns once the mount answers.
-    Mount(Mount),
+    Mount(Box<Mount>),
     /// Unmount; returns once the daemon has closed the store.
     Unmount(Unmount),
     /// Show a mount's or a store's state.
@@ -127,28 +127,29 @@ pub(super) struct Mount {
     /// More log: -v logs every request.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Threads serving kernel requests.
-    #[arg(long, default_value_t = crate::fuse::DEFAULT_THREADS)]
+    /// Threads serving kernel requests: 1 to 16 per core.
+    #[arg(long, default_value_t = crate::fuse::DEFAULT_THREADS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max_threads()))]
     pub threads: usize,
     /// Largest file (EFBIG beyond), e.g. 256M. Kept in the store.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = size_in(1, MAX_BYTES))]
     pub max_file_bytes: Option<u64>,
     /// Content all open files may buffer in memory before a writer's buffer moves to a
     /// private temporary file beside the store, e.g. 1G. Kept in the store [default for
     /// a new store: 1G].
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = size_in(0, MAX_BYTES))]
     pub max_buffer: Option<u64>,
     /// Total content bytes (ENOSPC beyond), e.g. 10G; 0 for none. Kept in the store.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = size_in(0, MAX_BYTES))]
     pub quota: Option<u64>,
     /// Files plus directories (ENOSPC beyond). Kept in the store.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_FILES))]
     pub max_files: Option<u64>,
     /// Longest path from the mount root, in bytes (ENAMETOOLONG beyond). Kept in the store.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_PATH_BYTES))]
     pub max_path_bytes: Option<usize>,
     /// Deepest path from the mount root, in levels (ELOOP beyond). Kept in the store.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DEPTH))]
     pub max_depth: Option<usize>,
     /// Name rules. Kept in the store.
     #[arg(long, value_enum)]
@@ -160,7 +161,7 @@ pub(super) struct Mount {
     pub lost_updates: Option<LostUpdatesArg>,
     /// How long history keeps replaced and deleted content, e.g. 30d; 0 turns history
     /// off. Kept in the store [default for a new store: 30d].
-    #[arg(long, value_parser = parse_keep)]
+    #[arg(long, value_parser = duration_in(0, MAX_RETENTION_NS))]
     pub keep_history: Option<u64>,
     /// Replicate the store continuously to object storage: s3://BUCKET/PREFIX, gs://..,
     /// az://.. (credentials and endpoint from the service's environment, e.g.
@@ -169,16 +170,28 @@ pub(super) struct Mount {
     pub replica: Vec<String>,
     /// Ship new commits to the replicas at least this often, e.g. 1s. Kept in the store
     /// [default: 1s].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = duration_in(MS, DAY))]
     pub replica_interval: Option<u64>,
     /// Start a new replica generation (a full snapshot) this often, e.g. 24h. Kept in the
     /// store [default: 24h].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = duration_in(1_000 * MS, 366 * DAY))]
     pub replica_snapshot_every: Option<u64>,
     /// Remove replica generations replaced longer ago than this, e.g. 7d. Kept in the store
     /// [default: 7d].
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = duration_in(0, MAX_RETENTION_NS))]
     pub replica_keep: Option<u64>,
+    /// Take the replicas' writer role over from the writer that holds it (one writer per
+    /// replica URL): on a follower's store, or one restored with `restore --from`. The old
+    /// writer is fenced at its next upload.
+    #[arg(long, conflicts_with = "follow")]
+    pub takeover: bool,
+    /// Mount a live read-only copy of the replica at URL (its newest generation, kept
+    /// current) instead of a store: the store (--store) is the follower's own private copy.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["replica", "read_only"])]
+    pub follow: Option<String>,
+    /// How often a follower polls its replica, e.g. 1s or 200ms [default: 1s].
+    #[arg(long, value_parser = duration_in(10 * MS, DAY), requires = "follow")]
+    pub follow_interval: Option<u64>,
     /// (internal) report readiness on this descriptor
     #[arg(long, hide = true)]
     pub notify_fd: Option<i32>,
@@ -235,6 +248,10 @@ pub(super) struct Restore {
     /// Do not keep the replaced store as STORE.before-restore-<time>.
     #[arg(long)]
     pub discard_current: bool,
+    /// With --from: when the replica's chain stops verifying (a segment missing or damaged)
+    /// before what it lists, restore the last commit that verifies instead of failing.
+    #[arg(long, requires = "from")]
+    pub to_last_verified: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -247,8 +264,23 @@ pub(super) struct Replica {
 
 #[derive(Subcommand, Debug)]
 pub(super) enum ReplicaCmd {
-    /// List a replica's generations: when each started and the commits it can restore.
+    /// List a replica's generations: when each started, the commits it restores (every
+    /// segment read and verified) and where its chain breaks.
     Ls(ReplicaLs),
+    /// Verify a replica: every generation's manifest, snapshot and segments, in order. One
+    /// line per finding; exit 1 on any.
+    Verify(ReplicaVerify),
+}
+
+#[derive(Args, Debug)]
+pub(super) struct ReplicaVerify {
+    /// s3://BUCKET/PREFIX, gs://.., az://.. or file:///DIR
+    pub url: String,
+    /// Only this generation (as `replica ls` names it).
+    #[arg(long)]
+    pub generation: Option<String>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -446,16 +478,70 @@ pub(super) struct Man {
     pub out_dir: Option<PathBuf>,
 }
 
-/// Parses a retention such as `30d`, `12h`, `2 weeks` or `0` (off) into nanoseconds.
-fn parse_duration(s: &str) -> Result<u64, String> {
-    time::duration_ns(s).map(|ns| ns as u64)
+// Bounds of the numeric options. A value outside is refused by clap, naming the option: a
+// mistyped `-o threads=100000000` must not start a daemon that allocates gigabytes, and a
+// retention or size past what i64 nanoseconds or file offsets hold must not wrap.
+
+/// Sizes: 1 PiB, far beyond any disk a store lives on, and within a file offset (i64).
+const MAX_BYTES: u64 = 1 << 50;
+/// Files plus directories: 2^40, as many inodes as a store could hold on such a disk.
+const MAX_FILES: u64 = 1 << 40;
+/// A path from the mount root: 64 KiB, 16 times Linux's PATH_MAX.
+const MAX_PATH_BYTES: u64 = 64 << 10;
+/// Levels below the mount root: import and export hold one descriptor per level.
+const MAX_DEPTH: u64 = 1024;
+const MS: u64 = 1_000_000;
+const DAY: u64 = 86_400 * 1_000 * MS;
+/// Retentions: 100 years (i64 nanoseconds end at 292).
+const MAX_RETENTION_NS: u64 = 36_500 * DAY;
+
+/// Threads serving kernel requests: 16 per core at most (each has its own buffer of a full
+/// request, and beyond that they only contend for the store's single writer).
+fn max_threads() -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    16 * cores as u64
 }
 
-fn parse_keep(s: &str) -> Result<u64, String> {
-    if s.trim() == "0" {
-        return Ok(0);
+/// A size (`parse_size`) between `lo` and `hi` bytes.
+fn size_in(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync {
+    move |s| {
+        let v = parse_size(s)?;
+        if (lo..=hi).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} bytes is out of range: {lo} to {hi} (1P)"))
+        }
     }
-    time::duration_ns(s).map(|ns| ns as u64)
+}
+
+/// A duration such as `30d`, `12h`, `200ms` or `0`, in nanoseconds, between `lo` and `hi`.
+fn duration_in(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync {
+    move |s| {
+        let ns = if s.trim() == "0" {
+            0
+        } else {
+            time::duration_ns(s)? as u64
+        };
+        if (lo..=hi).contains(&ns) {
+            Ok(ns)
+        } else {
+            Err(format!(
+                "{s:?} is out of range: {} to {}",
+                span(lo),
+                span(hi)
+            ))
+        }
+    }
+}
+
+/// `ns` as the largest whole unit that says it: `0`, `200ms`, `1s`, `366d`.
+fn span(ns: u64) -> String {
+    match ns {
+        0 => "0".into(),
+        n if n % DAY == 0 => format!("{}d", n / DAY),
+        n if n % (1_000 * MS) == 0 => format!("{}s", n / (1_000 * MS)),
+        n => format!("{}ms", n / MS),
+    }
 }
 
 /// Parses sizes such as `4096`, `64K`, `256M`, `10G`, `1T` (powers of 1024).

@@ -59,6 +59,8 @@ const VALUED: &[&str] = &[
     "replica_interval",
     "replica_snapshot_every",
     "replica_keep",
+    "follow",
+    "follow_interval",
     "threads",
     "log_file",
 ];

@@ -15,7 +15,8 @@ pub(super) fn status(a: Status) -> Result<i32, String> {
             let u = r.usage().map_err(|e| e.to_string())?;
             Ok(json!({"ok": true, "mountpoint": null, "store": t.store,
                       "format": crate::store::FORMAT_VERSION, "files": u.files, "dirs": u.dirs,
-                      "content_bytes": u.content_bytes, "store_bytes": s.file_bytes()}))
+                      "content_bytes": u.content_bytes, "store_bytes": s.file_bytes(),
+                      "replica_urls": crate::replica::config::stored_urls(r)}))
         })
     })?;
     output::status(&v, Format::of(a.json));

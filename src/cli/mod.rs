@@ -40,7 +40,16 @@ pub fn main() -> i32 {
         }
     };
     let cli = Cli::parse_from(args);
-    match run(cli.cmd) {
+    if !matches!(cli.cmd, Cmd::Mount(_)) {
+        // The daemon sets up its own log; every other command's warnings reach the terminal.
+        terminal_warnings();
+    }
+    let res = run(cli.cmd);
+    if output::stdout_closed() {
+        // The reader went away (`| head`): the command unwound; it ends as SIGPIPE ends tools.
+        output::reader_gone();
+    }
+    match res {
         Ok(code) => code,
         Err(e) => {
             output::error(&e);
@@ -49,10 +58,33 @@ pub fn main() -> i32 {
     }
 }
 
+/// Warnings (and errors) logged by the library print on stderr; `REDBFS_LOG` may say more.
+fn terminal_warnings() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let layer = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .without_time()
+        .with_writer(std::io::stderr);
+    let _ = tracing_subscriber::registry()
+        .with(log_filter("redbfs=warn"))
+        .with(layer)
+        .try_init();
+}
+
+/// What to log: `REDBFS_LOG`'s `target=level` directives (`redbfs=debug,fuser=info`), or
+/// `default` when it is unset or does not parse.
+pub(crate) fn log_filter(default: &str) -> tracing_subscriber::filter::Targets {
+    std::env::var("REDBFS_LOG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| default.parse().unwrap_or_default())
+}
+
 /// Runs one command; its exit code, or the error to print.
 fn run(cmd: Cmd) -> Result<i32, String> {
     match cmd {
-        Cmd::Mount(a) => mount::mount(a),
+        Cmd::Mount(a) => mount::mount(*a),
         Cmd::Unmount(a) => mount::unmount(a),
         Cmd::Status(a) => inspect::status(a),
         Cmd::Check(a) => inspect::check(a),

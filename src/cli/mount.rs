@@ -37,6 +37,12 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
     } else {
         refuse_background_log(&store_path, &background_log)?;
     }
+    // Refused here, before the URL reaches the daemon's command line (`ps`).
+    for u in &a.replica {
+        crate::replica::check_url(u)?;
+    }
+    let daemon_here = a.foreground || a.notify_fd.is_some();
+    let (mountpoint, store) = (a.mountpoint.clone(), a.store.clone());
     let limits = LimitOverrides {
         max_file_bytes: a.max_file_bytes,
         max_buffer_bytes: a.max_buffer,
@@ -71,12 +77,41 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
             snapshot_every_ns: a.replica_snapshot_every,
             keep_ns: a.replica_keep,
         },
+        follow: a.follow.map(|url| mount::FollowRequest {
+            url,
+            interval: std::time::Duration::from_nanos(
+                a.follow_interval.unwrap_or(1_000_000_000).max(10_000_000),
+            ),
+        }),
+        takeover: a.takeover,
         created,
     })?;
+    if !daemon_here {
+        replicating_to(&mountpoint, store.as_deref());
+    }
     Ok(0)
 }
 
+/// Says where a mount just made ships its commits (from its daemon's status).
+fn replicating_to(mountpoint: &Path, store: Option<&Path>) {
+    let Ok(t) = super::target::Target::resolve(store.unwrap_or(mountpoint)) else {
+        return;
+    };
+    let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new())) else {
+        return;
+    };
+    output::replicating(&v);
+}
+
 pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
+    // What the replicas still miss: the daemon makes one bounded last upload, and its log says
+    // what it left.
+    if let Ok(t) = super::target::Target::resolve(&a.mountpoint)
+        && t.is_mounted()
+        && let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new()))
+    {
+        output::replicas_before_unmount(&v);
+    }
     output::unmounted(&mount::unmount(&a.mountpoint)?);
     Ok(0)
 }
@@ -112,28 +147,29 @@ fn refuse_background_log(store: &Path, log: &Path) -> Result<(), String> {
 }
 
 fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let level = match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_env("REDBFS_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("redbfs={level},fuser=warn")));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
+    let filter = super::log_filter(&format!("redbfs={level},fuser=warn"));
+    let layer = tracing_subscriber::fmt::layer().with_target(false);
     match log_file {
         Some(p) => {
             // Mode 0600 when created; a symlink planted at the log's name is never followed.
             let f = crate::private::open_append(p)
                 .map_err(|e| format!("log file {}", crate::private::describe(p, e)))?;
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(f))
+            tracing_subscriber::registry()
+                .with(filter)
+                .with(layer.with_ansi(false).with_writer(std::sync::Mutex::new(f)))
                 .init();
         }
-        None => builder.with_writer(std::io::stderr).init(),
+        None => tracing_subscriber::registry()
+            .with(filter)
+            .with(layer.with_writer(std::io::stderr))
+            .init(),
     }
     // fuser logs through the `log` crate.
     let _ = tracing_log::LogTracer::init();

@@ -1,9 +1,18 @@
 //! Everything the commands print, in its two forms: for people, and `--json` (one JSON value
 //! per command, on stdout, or on stderr where stdout carries data), plus the progress line.
 //! Commands hand their answers here; no other file of the CLI prints.
+//!
+//! Two rules hold for every line: what came from outside (names, paths, process names, a
+//! daemon's or a bucket's messages) is printed with control characters escaped (`\x1b`), as
+//! `--json` escapes them, so nothing printed can move the cursor or rewrite the screen; and a
+//! reader that goes away (`redbfs log STORE | head -1`) ends the command as SIGPIPE ends any
+//! other tool, quietly (status 141), never with a panic or an error line.
 
+use std::fmt;
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Value, json};
 
@@ -23,53 +32,148 @@ impl Format {
     }
 }
 
-/// A string field of an answer, or "".
-fn text(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
+/// One line on stdout (`println!` that survives a closed pipe).
+macro_rules! outln {
+    ($($arg:tt)*) => { line(&mut std::io::stdout().lock(), format_args!($($arg)*)) };
+}
+
+/// One line on stderr.
+macro_rules! errln {
+    ($($arg:tt)*) => { line(&mut std::io::stderr().lock(), format_args!($($arg)*)) };
+}
+
+fn line(w: &mut dyn Write, args: fmt::Arguments<'_>) {
+    if let Err(e) = w.write_fmt(args).and_then(|()| w.write_all(b"\n")) {
+        output_failed(e);
+    }
+}
+
+/// The end of a command whose output cannot be written: quietly when the reader went away;
+/// otherwise (a full disk under a redirection) with the reason and status 1, since the
+/// command did less than asked.
+fn output_failed(e: std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        reader_gone();
+    }
+    let _ = writeln!(std::io::stderr(), "redbfs: writing the output: {e}");
+    std::process::exit(1)
+}
+
+/// Ends the command as SIGPIPE ends any other tool whose reader went away: no message, status
+/// 141 (128 + SIGPIPE) to the shell.
+pub(super) fn reader_gone() -> ! {
+    // SAFETY: restores the default action of SIGPIPE and raises it; nothing runs after.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE)
+}
+
+/// Set once stdout's reader has gone away: the command unwinds (removing what it made, as on
+/// any error) and then ends through `reader_gone`.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Whether a write to stdout found its reader gone.
+pub(super) fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
+/// Stdout for data written as is (a file, a snapshot, a tar archive, a man page). A closed pipe
+/// is an error like any other here, so the command unwinds, and is remembered
+/// (`stdout_closed`) so that it ends quietly.
+pub(super) struct Stdout;
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stdout().write(buf).inspect_err(note_closed)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().flush().inspect_err(note_closed)
+    }
+}
+
+fn note_closed(e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A field from outside (a name, a path, a process name, a URL) made safe to print: control
+/// and invisible characters escaped (`private::escape_controls`), a line break among them.
+pub(super) fn shown(s: &str) -> String {
+    crate::private::escape_controls(s)
+}
+
+/// A message that may quote such fields: escaped line by line, so its own line breaks stay.
+fn shown_lines(s: &str) -> String {
+    s.split('\n')
+        .map(crate::private::escape_controls)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A path, escaped as `shown`; one that is not UTF-8 as `private::escape` shows it (its bytes
+/// as `\xNN`, a backslash doubled).
+pub(super) fn shown_path(p: &Path) -> String {
+    match p.to_str() {
+        Some(s) => shown(s),
+        None => crate::private::escape(p.as_os_str().as_bytes()),
+    }
+}
+
+/// A string field of an answer, escaped, or "".
+fn text(v: &Value) -> String {
+    shown(v.as_str().unwrap_or(""))
 }
 
 /// A command that failed: one line on stderr.
 pub(super) fn error(e: &str) {
-    eprintln!("redbfs: {e}");
+    errln!("redbfs: {}", shown_lines(e));
 }
 
 /// What a command that changed something says it did: one line on stderr.
 pub(super) fn done(what: &str) {
-    eprintln!("{what}");
+    errln!("{}", shown_lines(what));
 }
 
 /// Data a command writes as is (a file's content, a diff, a snapshot) on stdout.
 pub(super) fn data(bytes: &[u8]) -> Result<(), String> {
-    std::io::stdout()
+    Stdout
         .write_all(bytes)
-        .map_err(|e| e.to_string())
+        .and_then(|()| Stdout.flush())
+        .map_err(|e| format!("stdout: {e}"))
 }
 
 pub(super) fn unmounted(msg: &str) {
-    eprintln!("redbfs: {msg}");
+    errln!("redbfs: {}", shown_lines(msg));
 }
 
 pub(super) fn status(v: &Value, f: Format) {
     if f == Format::Json {
-        println!("{v}");
+        outln!("{v}");
         return;
     }
-    let mp = v["mountpoint"].as_str().unwrap_or("(not mounted)");
-    println!("store:      {}", text(&v["store"]));
-    println!("mountpoint: {mp}");
-    println!("format:     {}", v["format"]);
-    println!("files:      {}", v["files"]);
-    println!("dirs:       {}", v["dirs"]);
-    println!("content:    {} bytes", v["content_bytes"]);
-    println!("store file: {} bytes", v["store_bytes"]);
+    let mp = v["mountpoint"]
+        .as_str()
+        .map_or("(not mounted)".to_string(), shown);
+    outln!("store:      {}", text(&v["store"]));
+    outln!("mountpoint: {mp}");
+    outln!("format:     {}", v["format"]);
+    outln!("files:      {}", v["files"]);
+    outln!("dirs:       {}", v["dirs"]);
+    outln!("content:    {} bytes", v["content_bytes"]);
+    outln!("store file: {} bytes", v["store_bytes"]);
     if let Some(pid) = v["pid"].as_u64() {
-        println!("daemon pid: {pid}");
-        println!("open files: {}", v["open_handles"]);
-        println!(
+        outln!("daemon pid: {pid}");
+        outln!("open files: {}", v["open_handles"]);
+        outln!(
             "log:        {} bytes since the last checkpoint (commit {})",
-            v["log_bytes"], v["commits"]
+            v["log_bytes"],
+            v["commits"]
         );
-        println!(
+        outln!(
             "conflicts:  {} since mount (--lost-updates {})",
             v["conflicts"],
             text(&v["limits"]["lost_updates"])
@@ -77,13 +181,47 @@ pub(super) fn status(v: &Value, f: Format) {
         for r in v["replicas"].as_array().into_iter().flatten() {
             replica_line(r);
         }
+        if v["follower"].is_object() {
+            follower_line(&v["follower"]);
+        }
+        if let Some(why) = v["read_only_why"].as_str() {
+            println!("read-only:  {why}");
+        }
+    }
+    for u in v["replica_urls"].as_array().into_iter().flatten() {
+        outln!("replica:    {} (ships when mounted)", text(u));
+    }
+}
+
+/// A follower: the writer's last shipped commit, the follower's, and how far behind it is.
+fn follower_line(f: &Value) {
+    let behind = f["commits_behind"].as_u64().unwrap_or(0);
+    let state = if behind == 0 {
+        "up to date".to_string()
+    } else {
+        format!(
+            "{behind} commits ({}s) behind",
+            f["seconds_behind"].as_f64().unwrap_or(0.0)
+        )
+    };
+    println!(
+        "follows:    {} (generation {}): writer shipped commit {}, follower at {}, {state}",
+        text(&f["url"]),
+        text(&f["generation"]),
+        f["writer_commit"],
+        f["follower_commit"]
+    );
+    if let Some(e) = f["error"].as_str() {
+        println!("            cannot follow now: {e}");
     }
 }
 
 /// One replica of a mount: how far behind it is, and why while it is out of reach.
 fn replica_line(r: &Value) {
     let behind = r["commits_behind"].as_u64().unwrap_or(0);
-    let state = if behind == 0 {
+    let state = if !r["error"].is_null() {
+        format!("{behind} commits behind, failing")
+    } else if behind == 0 {
         "up to date".to_string()
     } else {
         format!(
@@ -91,77 +229,192 @@ fn replica_line(r: &Value) {
             r["seconds_behind"].as_f64().unwrap_or(0.0)
         )
     };
-    println!(
+    outln!(
         "replica:    {} at commit {}, {state}",
         text(&r["url"]),
         r["shipped_commit"]
     );
     if let Some(e) = r["error"].as_str() {
-        println!("            unreachable: {e}");
+        outln!("            unreachable: {}", shown(e));
     }
+    if let Some(p) = r["problem"].as_str() {
+        outln!("            started a new generation: {}", shown(p));
+    }
+    if let Some(e) = r["fenced"].as_str() {
+        println!("            {e}");
+    }
+}
+
+/// A mount just made: the replicas it ships to.
+pub(super) fn replicating(status: &Value) {
+    for r in status["replicas"].as_array().into_iter().flatten() {
+        errln!("replicating to {}", text(&r["url"]));
+    }
+}
+
+/// Before an unmount: the replicas that do not hold every commit yet.
+pub(super) fn replicas_before_unmount(status: &Value) {
+    for r in status["replicas"].as_array().into_iter().flatten() {
+        let behind = r["commits_behind"].as_u64().unwrap_or(0);
+        if behind > 0 || !r["error"].is_null() {
+            errln!(
+                "replica {} is {behind} commits behind{}; the daemon makes one last bounded upload and logs what it leaves unshipped",
+                text(&r["url"]),
+                r["error"]
+                    .as_str()
+                    .map(|e| format!(" ({})", shown(e)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// `restore`: the replica URLs the restored store no longer ships to.
+pub(super) fn replicas_dropped(urls: &[String]) {
+    if urls.is_empty() {
+        return;
+    }
+    for u in urls {
+        errln!("the restored store no longer ships to replica {}", shown(u));
+    }
+    let flags: Vec<String> = urls.iter().map(|u| format!("--replica {u}")).collect();
+    errln!(
+        "(a restored store ships nowhere until told: mount it with {} to continue)",
+        shown(&flags.join(" "))
+    );
+}
+
+/// `replica verify`: one line per finding (on stdout), or `ok` lines; whether all verified.
+pub(super) fn replica_verified(
+    url: &str,
+    list: &[crate::replica::restore::GenerationInfo],
+    f: Format,
+) -> bool {
+    let all = crate::replica::restore::findings(list);
+    let sound = all.is_empty() && !list.is_empty();
+    if f == Format::Json {
+        let found: Vec<String> = all.iter().map(|(g, l)| format!("{g}: {l}")).collect();
+        outln!(
+            "{}",
+            json!({"url": url, "ok": sound, "findings": found, "generations": list})
+        );
+        return sound;
+    }
+    if list.is_empty() {
+        outln!("{}: no generations", shown(url));
+    }
+    for g in list {
+        let found: Vec<String> = all
+            .iter()
+            .filter(|f| f.0 == g.generation)
+            .map(|(g, l)| format!("{g}: {l}"))
+            .collect();
+        if found.is_empty() && g.commit.is_none() {
+            outln!(
+                "{}: an upload that never finished (no manifest)",
+                shown(&g.generation)
+            );
+        } else if found.is_empty() {
+            outln!(
+                "{}: ok, commits {}..={} verify",
+                shown(&g.generation),
+                g.commit.unwrap_or(0),
+                g.last_commit.unwrap_or(0)
+            );
+        }
+        for line in found {
+            outln!("{}", shown(&line));
+        }
+    }
+    sound
 }
 
 /// `replica ls`: one line per generation, oldest first.
 pub(super) fn replica_ls(url: &str, list: &[crate::replica::restore::GenerationInfo], f: Format) {
     if f == Format::Json {
-        println!("{}", json!({"url": url, "generations": list}));
+        outln!("{}", json!({"url": url, "generations": list}));
         return;
     }
     if list.is_empty() {
-        println!("{url}: no generations");
+        outln!("{}: no generations", shown(url));
         return;
     }
-    println!("generation                     started              commits      until");
+    outln!("generation                     started              commits      until");
     for g in list {
         let (Some(first), Some(last)) = (g.commit, g.last_commit) else {
-            println!(
-                "{:<30} {}  (incomplete: never finished uploading)",
-                g.generation,
-                fmt_time(g.started_ns)
+            outln!(
+                "{:<30} {}  (cannot be restored from: {})",
+                shown(&g.generation),
+                fmt_time(g.started_ns),
+                shown(g.problem.as_deref().unwrap_or("incomplete"))
             );
             continue;
         };
-        println!(
+        outln!(
             "{:<30} {}  {:>5}..{:<5} {}",
-            g.generation,
+            shown(&g.generation),
             fmt_time(g.started_ns),
             first,
             last,
             g.last_time_ns.map(fmt_time).unwrap_or_default()
         );
+        if let Some(p) = &g.problem {
+            outln!("{:<30} cannot be restored from: {}", "", shown(p));
+        }
+        if let Some(b) = &g.broken {
+            outln!(
+                "{:<30} breaks after commit {}: {} (the replica lists up to commit {})",
+                "",
+                b.last_good_commit,
+                shown(
+                    &b.segment
+                        .as_deref()
+                        .map_or(b.reason.clone(), |s| format!("{s}: {}", b.reason))
+                ),
+                b.listed_commit
+            );
+        }
     }
 }
 
 /// `restore --from`.
 pub(super) fn restored_from(r: &crate::replica::restore::Restored, f: Format) {
     if f == Format::Json {
-        println!("{}", serde_json::to_value(r).unwrap_or_default());
+        outln!("{}", serde_json::to_value(r).unwrap_or_default());
         return;
     }
-    eprintln!(
+    errln!(
         "restored {} from {} (generation {}): commit {} of {}, {} commits applied after its snapshot",
-        r.store.display(),
-        r.url,
-        r.generation,
+        shown_path(&r.store),
+        shown(&r.url),
+        shown(&r.generation),
         r.commit,
         fmt_time(r.commit_time_ns),
         r.records
     );
     if let Some(k) = &r.kept {
-        eprintln!("the previous store is kept as {}", k.display());
+        errln!("the previous store is kept as {}", shown_path(k));
     }
+    if let Some(b) = &r.broken {
+        errln!(
+            "warning: restored to the last verified commit only ({} commits listed past it were not restored): {}",
+            b.listed_commit.saturating_sub(b.last_good_commit),
+            shown(&b.to_string())
+        );
+    }
+    replicas_dropped(&r.dropped_replicas);
 }
 
 pub(super) fn repaired(fixes: &[String]) {
     for f in fixes {
-        eprintln!("repaired: {f}");
+        errln!("repaired: {}", shown(f));
     }
 }
 
 /// `live`: checked through the daemon, without redb's page check.
 pub(super) fn check(store: &Path, live: bool, findings: &[String], f: Format) {
     if f == Format::Json {
-        println!(
+        outln!(
             "{}",
             json!({"ok": findings.is_empty(), "findings": findings})
         );
@@ -171,10 +424,10 @@ pub(super) fn check(store: &Path, live: bool, findings: &[String], f: Format) {
         } else {
             "clean"
         };
-        println!("{}: {how}", store.display());
+        outln!("{}: {how}", shown_path(store));
     } else {
         for f in findings {
-            println!("{f}");
+            outln!("{}", shown(f));
         }
     }
 }
@@ -182,11 +435,12 @@ pub(super) fn check(store: &Path, live: bool, findings: &[String], f: Format) {
 /// On stderr: stdout may carry the snapshot itself. `dest` is `-` for stdout.
 pub(super) fn snapshot(dest: &str, v: &Value, f: Format) {
     if f == Format::Json {
-        eprintln!("{v}");
+        errln!("{v}");
         return;
     }
-    eprintln!(
-        "snapshot {dest}: {} entries, {} bytes, {:.3} s",
+    errln!(
+        "snapshot {}: {} entries, {} bytes, {:.3} s",
+        shown(dest),
         v["entries"],
         v["file_bytes"],
         v["seconds"].as_f64().unwrap_or(0.0)
@@ -195,42 +449,44 @@ pub(super) fn snapshot(dest: &str, v: &Value, f: Format) {
 
 pub(super) fn restored(store: &Path, kept: Option<&Path>) {
     match kept {
-        Some(k) => eprintln!(
+        Some(k) => errln!(
             "restored {}; the previous store is kept as {}",
-            store.display(),
-            k.display()
+            shown_path(store),
+            shown_path(k)
         ),
-        None => eprintln!("restored {}", store.display()),
+        None => errln!("restored {}", shown_path(store)),
     }
 }
 
 pub(super) fn exported(files: u64, dirs: u64, bytes: u64) {
-    eprintln!("exported {files} files, {dirs} directories, {bytes} bytes");
+    errln!("exported {files} files, {dirs} directories, {bytes} bytes");
 }
 
 pub(super) fn imported(report: &Value, f: Format) {
     if f == Format::Json {
-        println!("{report}");
+        outln!("{report}");
         return;
     }
     for s in report["skipped"].as_array().into_iter().flatten() {
-        eprintln!("skipped {}: {}", text(&s[0]), text(&s[1]));
+        errln!("skipped {}: {}", text(&s[0]), text(&s[1]));
     }
-    eprintln!(
+    errln!(
         "imported {} files, {} directories, {} bytes",
-        report["files"], report["dirs"], report["bytes"]
+        report["files"],
+        report["dirs"],
+        report["bytes"]
     );
 }
 
 pub(super) fn ls(v: &Value, long: bool, f: Format) {
     if f == Format::Json {
-        println!("{}", v["entries"]);
+        outln!("{}", v["entries"]);
         return;
     }
     for e in v["entries"].as_array().into_iter().flatten() {
         let name = text(&e["name"]);
         if long {
-            println!(
+            outln!(
                 "{} {:>10} {} {}",
                 mode_string(
                     e["kind"].as_str() == Some("dir"),
@@ -241,7 +497,7 @@ pub(super) fn ls(v: &Value, long: bool, f: Format) {
                 name
             );
         } else {
-            println!("{name}");
+            outln!("{name}");
         }
     }
 }
@@ -252,7 +508,7 @@ pub(super) fn cat(mut v: Value, f: Format) -> Result<(), String> {
         if let Some(o) = v.as_object_mut() {
             o.remove("ok");
         }
-        println!("{v}");
+        outln!("{v}");
         return Ok(());
     }
     data(&crate::tools::content_of(&v))
@@ -260,7 +516,7 @@ pub(super) fn cat(mut v: Value, f: Format) -> Result<(), String> {
 
 pub(super) fn tree(v: &Value, f: Format) {
     if f == Format::Json {
-        println!("{}", v["tree"]);
+        outln!("{}", v["tree"]);
         return;
     }
     for item in v["tree"].as_array().into_iter().flatten() {
@@ -271,64 +527,67 @@ pub(super) fn tree(v: &Value, f: Format) {
         } else {
             ""
         };
-        println!("{}{}{slash}", "  ".repeat(depth), text(&e["name"]));
+        outln!("{}{}{slash}", "  ".repeat(depth), text(&e["name"]));
     }
 }
 
 pub(super) fn du(v: &Value, path: &str, f: Format) {
     let d = &v["du"];
     if f == Format::Json {
-        println!("{d}");
+        outln!("{d}");
         return;
     }
-    println!(
-        "{}\t{path}\t({} files, {} directories)",
-        d["bytes"], d["files"], d["dirs"]
+    outln!(
+        "{}\t{}\t({} files, {} directories)",
+        d["bytes"],
+        shown(path),
+        d["files"],
+        d["dirs"]
     );
 }
 
 pub(super) fn stats(store: &Path, mountpoint: Option<&Path>, v: &Value, f: Format) {
     let s = &v["stats"];
     if f == Format::Json {
-        println!("{s}");
+        outln!("{s}");
         return;
     }
-    println!("store:        {}", store.display());
-    println!(
+    outln!("store:        {}", shown_path(store));
+    outln!(
         "mounted at:   {}",
-        mountpoint.map_or("(not mounted)".to_string(), |m| m.display().to_string())
+        mountpoint.map_or("(not mounted)".to_string(), shown_path)
     );
-    println!("files:        {}", s["files"]);
-    println!("directories:  {}", s["dirs"]);
-    println!("content:      {} bytes", s["content_bytes"]);
-    println!("store file:   {} bytes", s["store_bytes"]);
-    println!(
+    outln!("files:        {}", s["files"]);
+    outln!("directories:  {}", s["dirs"]);
+    outln!("content:      {} bytes", s["content_bytes"]);
+    outln!("store file:   {} bytes", s["store_bytes"]);
+    outln!(
         "last commit:  {}",
         s["last_commit_ns"]
             .as_i64()
             .map_or("never".into(), fmt_time)
     );
-    println!("largest files:");
+    outln!("largest files:");
     for f in s["largest"].as_array().into_iter().flatten() {
-        println!("  {:>12}  {}", f[1], text(&f[0]));
+        outln!("  {:>12}  {}", f[1], text(&f[0]));
     }
 }
 
 /// The files expire removed (or would remove), with when each was last used.
 pub(super) fn expired(files: &[(String, i64)], dry_run: bool, f: Format) {
     if f == Format::Json {
-        println!("{}", json!({"dry_run": dry_run, "removed": files}));
+        outln!("{}", json!({"dry_run": dry_run, "removed": files}));
         return;
     }
     let verb = if dry_run { "would remove" } else { "removed" };
     for (p, last) in files {
-        println!("{verb} {p} (last used {})", fmt_time(*last));
+        outln!("{verb} {} (last used {})", shown(p), fmt_time(*last));
     }
-    eprintln!("{verb} {} files", files.len());
+    errln!("{verb} {} files", files.len());
 }
 
 pub(super) fn compacted(store: &Path, before: u64, after: u64) {
-    eprintln!("compacted {}: {before} -> {after} bytes", store.display());
+    errln!("compacted {}: {before} -> {after} bytes", shown_path(store));
 }
 
 /// `log`'s output, written as the pages of records arrive: through one buffer, flushed
@@ -367,11 +626,12 @@ impl LogWriter {
                 continue;
             }
             self.written += 1;
-            let paths: Vec<&str> = r["paths"]
+            let paths: Vec<String> = r["paths"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|p| p.as_str())
+                .map(shown)
                 .collect();
             writeln!(
                 self.out,
@@ -392,7 +652,7 @@ impl LogWriter {
                 }
             )?;
             if let Some(c) = r["conflict"].as_str() {
-                writeln!(self.out, "        {c}")?;
+                writeln!(self.out, "        {}", shown(c))?;
             }
         }
         Ok(())

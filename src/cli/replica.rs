@@ -1,5 +1,5 @@
-//! `replica ls` and `restore --from`: what a replica in object storage holds, and a store
-//! rebuilt from it.
+//! `replica ls`, `replica verify` and `restore --from`: what a replica in object storage
+//! holds, whether all of it verifies, and a store rebuilt from it.
 
 use super::args::{Replica, ReplicaCmd, Restore};
 use super::output::{self, Format};
@@ -10,9 +10,15 @@ use crate::replica::restore::{self, Point};
 pub(super) fn run(a: Replica) -> Result<i32, String> {
     match a.cmd {
         ReplicaCmd::Ls(l) => {
-            let list = restore::list(&l.url)?;
-            output::replica_ls(&l.url, &list, Format::of(l.json));
+            let list = restore::list(&l.url, None)?;
+            output::replica_ls(&crate::replica::redact(&l.url), &list, Format::of(l.json));
             Ok(0)
+        }
+        ReplicaCmd::Verify(v) => {
+            let list = restore::list(&v.url, v.generation.as_deref())?;
+            let url = crate::replica::redact(&v.url);
+            let sound = output::replica_verified(&url, &list, Format::of(v.json));
+            Ok(if sound { 0 } else { 1 })
         }
     }
 }
@@ -42,7 +48,7 @@ pub(super) fn restore_from(a: Restore) -> Result<i32, String> {
         .map_err(|_| "restore --from URL STORE takes one path: the store".to_string())?;
     let store = Target::unmounted(&store, "restoring")?;
     let at = point(a.at.as_deref())?;
-    let done = restore::restore(url, at, &store, a.discard_current)?;
+    let done = restore::restore(url, at, &store, a.discard_current, a.to_last_verified)?;
     output::restored_from(&done, Format::of(a.json));
     Ok(0)
 }

@@ -3,17 +3,16 @@
 //! the same ones that parse the command line, so neither can name a command or flag the
 //! parser does not know.
 
-use std::io::Write;
-
 use clap::CommandFactory;
 
 use super::args::{Cli, Completions, Man};
+use super::output;
 
 pub(super) fn completions(a: Completions) -> Result<i32, String> {
     let mut cmd = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "redbfs", &mut out);
-    write_stdout(&out)?;
+    output::data(&out)?;
     Ok(0)
 }
 
@@ -26,11 +25,23 @@ pub(super) fn man(a: Man) -> Result<i32, String> {
     let source = format!("redbfs {}", cmd.get_version().unwrap_or_default());
     let page = |c: &clap::Command| clap_mangen::Man::new(c.clone()).source(source.clone());
     if let Some(dir) = a.out_dir {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for c in std::iter::once(&cmd).chain(cmd.get_subcommands()) {
-            page(c)
-                .generate_to(&dir)
+        // Pages are for everyone: a directory made here is 0755 whatever the umask, and each
+        // page 0644, replacing (never writing through) what is at its name.
+        if std::fs::symlink_metadata(&dir).is_err() {
+            std::fs::create_dir_all(&dir)
+                .and_then(|()| {
+                    std::fs::set_permissions(
+                        &dir,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                    )
+                })
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        for c in std::iter::once(&cmd).chain(cmd.get_subcommands()) {
+            let man = page(c);
+            let mut out = Vec::new();
+            man.render(&mut out).map_err(|e| e.to_string())?;
+            crate::private::publish(&dir, &man.get_filename(), &out)?;
         }
         return Ok(0);
     }
@@ -42,14 +53,6 @@ pub(super) fn man(a: Man) -> Result<i32, String> {
     };
     let mut out = Vec::new();
     page(chosen).render(&mut out).map_err(|e| e.to_string())?;
-    write_stdout(&out)?;
+    output::data(&out)?;
     Ok(0)
-}
-
-fn write_stdout(bytes: &[u8]) -> Result<(), String> {
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(bytes)
-        .and_then(|()| stdout.flush())
-        .map_err(|e| format!("stdout: {e}"))
 }

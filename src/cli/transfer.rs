@@ -35,8 +35,10 @@ pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
         })?,
     };
     if to_stdout {
-        let copied = crate::private::open_read(&dest)
-            .and_then(|mut f| std::io::copy(&mut f, &mut std::io::stdout().lock()));
+        let copied = crate::private::open_read(&dest).and_then(|mut f| {
+            std::io::copy(&mut f, &mut output::Stdout)?;
+            std::io::Write::flush(&mut output::Stdout)
+        });
         let _ = std::fs::remove_file(&dest);
         copied.map_err(|e| format!("writing the snapshot to stdout: {e}"))?;
     }
@@ -53,8 +55,14 @@ pub(super) fn restore(a: Restore) -> Result<i32, String> {
     let [snapshot, store] = <[_; 2]>::try_from(a.paths)
         .map_err(|_| "restore SNAPSHOT STORE (or restore --from URL STORE)".to_string())?;
     let store = Target::unmounted(&store, "restoring")?;
-    let kept = tools::restore(&snapshot, &store, a.discard_current)?;
+    if let Some(name) = store.file_name().and_then(|n| n.to_str()) {
+        let dir = crate::private::parent_dir(&store);
+        crate::replica::restore::remove_leftovers(&dir, name);
+    }
+    let (kept, dropped) = tools::restore_dropping(&snapshot, &store, a.discard_current)?;
     output::restored(&store, kept.as_deref());
+    let dropped: Vec<String> = dropped.iter().map(|u| crate::replica::redact(u)).collect();
+    output::replicas_dropped(&dropped);
     Ok(0)
 }
 
@@ -68,11 +76,9 @@ pub(super) fn export(a: Export) -> Result<i32, String> {
             let progress = Progress::new("export", Format::Human);
             tools::export_dir(r, &a.path, d, opts, &mut |n| progress.update(n))
         }
-        (None, Some(f)) if f.as_os_str() == "-" => tools::export_tar(
-            r,
-            &a.path,
-            &mut std::io::BufWriter::new(std::io::stdout().lock()),
-        ),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            tools::export_tar(r, &a.path, &mut std::io::BufWriter::new(output::Stdout))
+        }
         (None, Some(f)) => export_tar_file(r, &a.path, f, &t.store, a.force),
         _ => Err("give either DIR or --tar FILE".to_string()),
     })?;

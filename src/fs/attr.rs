@@ -56,7 +56,15 @@ impl Fs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Inode> {
-        let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+        let inode = match self.store.read()?.inode(ino)? {
+            Some(i) => i,
+            // A follower's batch took it: an open handle still reads the version it opened
+            // (fstat answers from it); otherwise the kernel looks the path up again.
+            None if self.store.frozen().is_some() => {
+                return self.pinned_inode(ino)?.ok_or(Error::Stale);
+            }
+            None => return Err(Error::NotFound),
+        };
         Ok(self.overlay(inode))
     }
 
@@ -147,7 +155,7 @@ impl Fs {
             let f = self.acquire(ino)?;
             let res = {
                 let mut g = lock(&f.content);
-                g.last_writer = caller;
+                self.note_writer(&mut g, caller);
                 let r = self
                     .reserve(&mut g, size)
                     .and_then(|()| g.truncate(&self.store, size, now))

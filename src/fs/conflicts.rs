@@ -1,9 +1,14 @@
 //! Lost updates between processes. The memory tools edit a file by reading it, writing a
 //! temporary file and renaming it over the original; two agents doing that at once silently
-//! drop one edit. The daemon sees every open and every replace with the caller's pid, so it
-//! remembers, per process (thread group) and name, the content version that process last
-//! read or wrote, and calls a replace a conflict when the name's current content was made by
-//! another process after that.
+//! drop one edit. The daemon sees every open and every replace with the caller's thread id,
+//! so it remembers, per process and name, the content version that process last read or
+//! wrote, and calls a replace a conflict when the name's current content was made by another
+//! process after that.
+//!
+//! A process is its pid and its start time (`crate::process::ProcessId`), and so is a thread:
+//! a pid or tid handed to a new process names a process that has read nothing, never the
+//! old one. The thread-to-process cache is checked against the thread's start time at every
+//! use, and a sweep drops what processes that are gone (by pid and start time) saw.
 //!
 //! Versions are daemon-local (a counter from mount), kept per inode for the process that made
 //! its content last; what a process saw is kept per (process, parent directory, name), since
@@ -19,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::lock;
+use crate::process::{self, ProcessId};
 
 /// What a replace that would lose another process's edit does (`--lost-updates`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,19 +42,27 @@ pub enum LostUpdates {
 /// A replace that would overwrite a version the replacing process never saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
-    /// The replacing process (thread group id).
-    pub replacer: u32,
-    /// The process that made the current content.
-    pub maker: u32,
+    /// The replacing process.
+    pub replacer: ProcessId,
+    /// The process that made the current content; `None` when it could not be told (it had
+    /// exited, or /proc hides it).
+    pub maker: Option<ProcessId>,
 }
 
 impl Conflict {
     /// One line for the log and the history record.
     pub fn describe(&self) -> String {
-        format!(
-            "pid {} replaced what pid {} wrote after pid {} last read the file",
-            self.replacer, self.maker, self.replacer
-        )
+        let maker = match self.maker {
+            Some(m) => format!("pid {}", m.pid),
+            None => "a process that could not be identified".into(),
+        };
+        let me = self.replacer.pid;
+        format!("pid {me} replaced what {maker} wrote after pid {me} last read the file")
+    }
+
+    /// The maker's pid for the error message (0 when unknown).
+    pub fn maker_pid(&self) -> u32 {
+        self.maker.map_or(0, |m| m.pid)
     }
 }
 
@@ -60,7 +74,7 @@ const SWEEP_EVERY: u32 = 4_096;
 #[derive(Clone, Copy, Debug)]
 struct Made {
     version: u64,
-    by: u32,
+    by: Option<ProcessId>,
     used: u64,
 }
 
@@ -75,9 +89,11 @@ struct State {
     /// Version counter and LRU clock.
     clock: u64,
     made: HashMap<u64, Made>,
-    seen: HashMap<(u32, u64, String), Seen>,
-    /// Thread id -> thread group id (FUSE reports the calling thread).
-    tgids: HashMap<u32, u32>,
+    seen: HashMap<(ProcessId, u64, String), Seen>,
+    /// Thread id -> (the thread's start time, its process); FUSE reports the calling thread.
+    /// An entry counts only while the tid is held by a thread of that start time, which every
+    /// use checks, so a stale one is harmless; past `CAP` entries the cache starts over.
+    threads: HashMap<u32, (u64, ProcessId)>,
     inserts: u32,
 }
 
@@ -89,22 +105,6 @@ pub struct Tracker {
     conflicts: AtomicU64,
 }
 
-/// The thread group of thread `tid`, from /proc; the tid itself when it is gone.
-fn read_tgid(tid: u32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(tid)
-}
-
-fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 impl State {
     fn tick(&mut self) -> u64 {
         self.clock += 1;
@@ -114,10 +114,9 @@ impl State {
     /// Drops what exited processes saw, then, past the cap, the least recently used half.
     fn sweep(&mut self) {
         self.inserts = 0;
-        let mut live: HashMap<u32, bool> = HashMap::new();
+        let mut live: HashMap<ProcessId, bool> = HashMap::new();
         self.seen
-            .retain(|(p, _, _), _| *live.entry(*p).or_insert_with(|| alive(*p)));
-        self.tgids.retain(|tid, _| alive(*tid));
+            .retain(|(p, _, _), _| *live.entry(*p).or_insert_with(|| p.alive()));
         if self.seen.len() > CAP {
             let mut used: Vec<u64> = self.seen.values().map(|s| s.used).collect();
             let (_, median, _) = used.select_nth_unstable(CAP / 2);
@@ -139,11 +138,11 @@ impl State {
         }
     }
 
-    fn set_seen(&mut self, tgid: u32, parent: u64, name: &str, version: u64) {
+    fn set_seen(&mut self, p: ProcessId, parent: u64, name: &str, version: u64) {
         let used = self.tick();
         let fresh = self
             .seen
-            .insert((tgid, parent, name.to_string()), Seen { version, used })
+            .insert((p, parent, name.to_string()), Seen { version, used })
             .is_none();
         if fresh {
             self.inserted();
@@ -164,45 +163,51 @@ impl Tracker {
         self.mode
     }
 
-    fn on(&self, tid: u32) -> bool {
-        self.mode != LostUpdates::Off && tid != 0
-    }
-
-    /// The thread group of the calling thread; /proc is read outside the lock, once per
-    /// thread.
-    fn tgid(&self, tid: u32) -> u32 {
-        if let Some(t) = lock(&self.state).tgids.get(&tid) {
-            return *t;
+    /// The process of the calling thread `tid`, or `None` when nothing is tracked, for the
+    /// kernel's own requests (tid 0), or when /proc no longer (or never) shows the thread.
+    /// One read of `/proc/TID/stat` tells whether the cached thread is still the one holding
+    /// the tid; a new thread is looked up outside the lock.
+    pub fn identify(&self, tid: u32) -> Option<ProcessId> {
+        if self.mode == LostUpdates::Off || tid == 0 {
+            return None;
         }
-        let tgid = read_tgid(tid);
+        let now = process::stat(tid)?.start;
+        if let Some((start, p)) = lock(&self.state).threads.get(&tid)
+            && *start == now
+        {
+            return Some(*p);
+        }
+        let p = process::of_thread(tid, now)?;
         let mut s = lock(&self.state);
-        if s.tgids.len() >= CAP {
-            s.tgids.clear();
+        if s.threads.len() >= CAP {
+            s.threads.clear();
         }
-        s.tgids.insert(tid, tgid);
-        tgid
+        s.threads.insert(tid, (now, p));
+        Some(p)
     }
 
     /// Thread `tid` opened inode `ino`, named `name` in `parent`, for reading.
     pub fn read(&self, tid: u32, ino: u64, parent: u64, name: &str) {
-        if !self.on(tid) {
-            return;
+        if let Some(p) = self.identify(tid) {
+            self.read_by(p, ino, parent, name);
         }
-        let tgid = self.tgid(tid);
+    }
+
+    fn read_by(&self, p: ProcessId, ino: u64, parent: u64, name: &str) {
         let mut s = lock(&self.state);
         let version = match s.made.get(&ino) {
             Some(m) => m.version,
             None => 0,
         };
-        s.set_seen(tgid, parent, name, version);
+        s.set_seen(p, parent, name, version);
     }
 
-    /// Thread `tid` committed new content to `ino`, named `name` in `parent`.
-    pub fn wrote(&self, tid: u32, ino: u64, parent: u64, name: &str) {
-        if !self.on(tid) {
+    /// Process `by` (as `identify` told it when it wrote; `None` for one it could not tell)
+    /// committed new content to `ino`, named `name` in `parent`.
+    pub fn wrote(&self, by: Option<ProcessId>, ino: u64, parent: u64, name: &str) {
+        if self.mode == LostUpdates::Off {
             return;
         }
-        let tgid = self.tgid(tid);
         let mut s = lock(&self.state);
         let version = s.tick();
         let fresh = s
@@ -211,7 +216,7 @@ impl Tracker {
                 ino,
                 Made {
                     version,
-                    by: tgid,
+                    by,
                     used: version,
                 },
             )
@@ -219,24 +224,26 @@ impl Tracker {
         if fresh {
             s.inserted();
         }
-        s.set_seen(tgid, parent, name, version);
+        if let Some(p) = by {
+            s.set_seen(p, parent, name, version);
+        }
     }
 
     /// Whether thread `tid` replacing `current` (named `name` in `parent`) would lose an edit:
     /// its content was made by another process after this one last read or wrote the name.
     pub fn check(&self, tid: u32, current: u64, parent: u64, name: &str) -> Option<Conflict> {
-        if !self.on(tid) {
-            return None;
-        }
-        let tgid = self.tgid(tid);
+        self.check_by(self.identify(tid)?, current, parent, name)
+    }
+
+    fn check_by(&self, p: ProcessId, current: u64, parent: u64, name: &str) -> Option<Conflict> {
         let mut s = lock(&self.state);
         let now = s.tick();
         let made = s.made.get_mut(&current)?;
         made.used = now;
         let made = *made;
-        let seen = s.seen.get(&(tgid, parent, name.to_string()))?;
-        (made.by != tgid && made.version > seen.version).then_some(Conflict {
-            replacer: tgid,
+        let seen = s.seen.get(&(p, parent, name.to_string()))?;
+        (made.by != Some(p) && made.version > seen.version).then_some(Conflict {
+            replacer: p,
             maker: made.by,
         })
     }
@@ -253,13 +260,15 @@ impl Tracker {
 
     /// Thread `tid` renamed `ino` to `name` in `parent`: it now knows that name's content.
     pub fn renamed(&self, tid: u32, ino: u64, parent: u64, name: &str) {
-        if !self.on(tid) {
-            return;
+        if let Some(p) = self.identify(tid) {
+            self.renamed_by(p, ino, parent, name);
         }
-        let tgid = self.tgid(tid);
+    }
+
+    fn renamed_by(&self, p: ProcessId, ino: u64, parent: u64, name: &str) {
         let mut s = lock(&self.state);
         let version = s.made.get(&ino).map_or(0, |m| m.version);
-        s.set_seen(tgid, parent, name, version);
+        s.set_seen(p, parent, name, version);
     }
 
     /// `ino` is gone for good.
@@ -274,50 +283,96 @@ impl Tracker {
 mod tests {
     use super::*;
 
-    // The test process's own pid stands for one process; a pid of a process that does not
-    // exist (the tid itself is taken as its group) for the other.
-    fn me() -> u32 {
-        std::process::id()
-    }
-    const OTHER: u32 = 0x7fff_fff0;
+    // Processes by pid and start time: `A2` was handed `A`'s pid after `A` exited.
+    const A: ProcessId = ProcessId { pid: 100, start: 7 };
+    const A2: ProcessId = ProcessId { pid: 100, start: 9 };
+    const B: ProcessId = ProcessId { pid: 200, start: 8 };
 
     #[test]
     fn a_replace_of_content_made_after_my_read_is_a_conflict() {
         let t = Tracker::new(LostUpdates::Record);
-        t.read(me(), 10, 1, "t.md");
-        t.read(OTHER, 10, 1, "t.md");
-        // The other process replaces t.md with inode 11 it wrote.
-        t.wrote(OTHER, 11, 1, ".tmp-b");
-        assert_eq!(t.check(OTHER, 10, 1, "t.md"), None);
-        t.renamed(OTHER, 11, 1, "t.md");
-        // Now I replace it without having read inode 11's content.
-        t.wrote(me(), 12, 1, ".tmp-a");
-        let c = t.check(me(), 11, 1, "t.md").expect("a conflict");
-        assert_eq!((c.replacer, c.maker), (me(), OTHER));
+        t.read_by(A, 10, 1, "t.md");
+        t.read_by(B, 10, 1, "t.md");
+        // B replaces t.md with inode 11 it wrote.
+        t.wrote(Some(B), 11, 1, ".tmp-b");
+        assert_eq!(t.check_by(B, 10, 1, "t.md"), None);
+        t.renamed_by(B, 11, 1, "t.md");
+        // Now A replaces it without having read inode 11's content.
+        t.wrote(Some(A), 12, 1, ".tmp-a");
+        let c = t.check_by(A, 11, 1, "t.md").expect("a conflict");
+        assert_eq!((c.replacer, c.maker), (A, Some(B)));
+        assert_eq!(
+            c.describe(),
+            "pid 100 replaced what pid 200 wrote after pid 100 last read the file"
+        );
         // After reading the current version, the same replace is fine.
-        t.read(me(), 11, 1, "t.md");
-        assert_eq!(t.check(me(), 11, 1, "t.md"), None);
+        t.read_by(A, 11, 1, "t.md");
+        assert_eq!(t.check_by(A, 11, 1, "t.md"), None);
+    }
+
+    #[test]
+    fn a_new_process_with_an_old_pid_has_read_nothing() {
+        let t = Tracker::new(LostUpdates::Refuse);
+        t.read_by(A, 10, 1, "t.md");
+        t.wrote(Some(B), 11, 1, "t.md");
+        // A itself would lose B's edit; the process later given A's pid never read the file.
+        assert!(t.check_by(A, 11, 1, "t.md").is_some());
+        assert_eq!(t.check_by(A2, 11, 1, "t.md"), None);
+        // Nor is A2 the maker of what A wrote.
+        t.read_by(A2, 11, 1, "t.md");
+        t.wrote(Some(A), 12, 1, "t.md");
+        let c = t
+            .check_by(A2, 12, 1, "t.md")
+            .expect("A's edit is another process's");
+        assert_eq!(c.maker, Some(A));
+    }
+
+    #[test]
+    fn content_of_an_unknown_maker_is_newer_than_what_i_read() {
+        let t = Tracker::new(LostUpdates::Record);
+        t.read_by(A, 10, 1, "t.md");
+        t.wrote(None, 10, 1, "t.md");
+        let c = t.check_by(A, 10, 1, "t.md").expect("a conflict");
+        assert_eq!(c.maker, None);
+        assert!(
+            c.describe()
+                .contains("a process that could not be identified")
+        );
     }
 
     #[test]
     fn a_lone_process_and_a_process_that_never_read_are_never_refused() {
         let t = Tracker::new(LostUpdates::Refuse);
         for i in 0..5 {
-            t.read(me(), 100 + i, 1, "t.md");
-            t.wrote(me(), 200 + i, 1, ".tmp");
-            assert_eq!(t.check(me(), 100 + i, 1, "t.md"), None);
-            t.renamed(me(), 200 + i, 1, "t.md");
+            t.read_by(A, 100 + i, 1, "t.md");
+            t.wrote(Some(A), 200 + i, 1, ".tmp");
+            assert_eq!(t.check_by(A, 100 + i, 1, "t.md"), None);
+            t.renamed_by(A, 200 + i, 1, "t.md");
         }
-        t.wrote(me(), 300, 1, "other.md");
-        assert_eq!(t.check(OTHER, 300, 1, "other.md"), None);
+        t.wrote(Some(A), 300, 1, "other.md");
+        assert_eq!(t.check_by(B, 300, 1, "other.md"), None);
+    }
+
+    #[test]
+    fn this_thread_is_told_as_this_process() {
+        let t = Tracker::new(LostUpdates::Record);
+        let me = std::process::id();
+        let start = process::stat(me).unwrap().start;
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        let p = ProcessId { pid: me, start };
+        assert_eq!(t.identify(tid), Some(p));
+        // From the cache, checked against the thread's start time.
+        assert_eq!(t.identify(tid), Some(p));
+        assert_eq!(t.identify(0), None);
+        assert_eq!(Tracker::new(LostUpdates::Off).identify(tid), None);
     }
 
     #[test]
     fn off_tracks_nothing() {
         let t = Tracker::new(LostUpdates::Off);
-        t.read(me(), 10, 1, "t.md");
-        t.wrote(OTHER, 10, 1, "t.md");
-        assert_eq!(t.check(me(), 10, 1, "t.md"), None);
+        t.read(std::process::id(), 10, 1, "t.md");
+        t.wrote(Some(B), 10, 1, "t.md");
+        assert_eq!(t.check(std::process::id(), 10, 1, "t.md"), None);
         assert!(lock(&t.state).made.is_empty());
     }
 
@@ -325,7 +380,7 @@ mod tests {
     fn the_tables_stay_bounded() {
         let t = Tracker::new(LostUpdates::Record);
         for i in 0..(3 * CAP as u64) {
-            t.wrote(me(), i, 1, &format!("f{i}"));
+            t.wrote(Some(A), i, 1, &format!("f{i}"));
         }
         let s = lock(&t.state);
         assert!(s.made.len() <= CAP + 1 && s.seen.len() <= CAP + 1);

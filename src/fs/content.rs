@@ -67,6 +67,9 @@ pub struct OpenFile {
     pub changed: bool,
     /// Who changed the content last, for the history record of its commit.
     pub last_writer: super::Caller,
+    /// That caller's process, told when it wrote (it may have exited by the commit), for
+    /// the lost-update tracker.
+    pub writer: Option<crate::process::ProcessId>,
     /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
     pub reserved: u64,
 }
@@ -83,6 +86,7 @@ impl OpenFile {
             drop_from: None,
             changed: false,
             last_writer: super::Caller::default(),
+            writer: None,
             reserved: 0,
             spilled: None,
             accounted: 0,

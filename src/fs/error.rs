@@ -56,6 +56,9 @@ pub enum Error {
     },
     /// The mount is read-only (`--read-only`, `-o ro`).
     ReadOnly,
+    /// On a follower: the inode the kernel named went with a batch from the writer (a
+    /// replace by rename, a removal). ESTALE makes the kernel look the path up again.
+    Stale,
     /// A previous commit failed; writes are refused until restart.
     Poisoned,
     Store(StoreError),
@@ -65,6 +68,7 @@ impl Error {
     pub fn errno(&self) -> i32 {
         match self {
             Error::NotFound => libc::ENOENT,
+            Error::Stale => libc::ESTALE,
             Error::Exists => libc::EEXIST,
             Error::NotDir => libc::ENOTDIR,
             Error::IsDir => libc::EISDIR,
@@ -102,7 +106,12 @@ impl Error {
     pub fn is_expected(&self) -> bool {
         matches!(
             self,
-            Error::NotFound | Error::Exists | Error::NotEmpty | Error::NotDir | Error::IsDir
+            Error::NotFound
+                | Error::Stale
+                | Error::Exists
+                | Error::NotEmpty
+                | Error::NotDir
+                | Error::IsDir
             // Logged once, naming both processes, where it was decided.
             | Error::LostUpdate { .. }
         )
@@ -113,6 +122,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NotFound => write!(f, "no such file or directory"),
+            Error::Stale => write!(
+                f,
+                "replaced by a newer commit of the writer; look it up again"
+            ),
             Error::Exists => write!(f, "already exists"),
             Error::NotDir => write!(f, "not a directory"),
             Error::IsDir => write!(f, "is a directory"),
@@ -150,7 +163,10 @@ impl fmt::Display for Error {
                 f,
                 "pid {maker} changed the file after this process last read it; read it again and retry (--lost-updates refuse)"
             ),
-            Error::ReadOnly => write!(f, "the mount is read-only (--read-only)"),
+            Error::ReadOnly => write!(
+                f,
+                "the mount is read-only (--read-only, a follower, or a writer fenced by a newer one: `redbfs status` says which)"
+            ),
             Error::Poisoned => write!(
                 f,
                 "an earlier commit failed; the store refuses writes until the daemon restarts"

@@ -60,6 +60,11 @@ impl Fs {
                 }
             }
         }
+        self.invalidate(dirents, inodes);
+    }
+
+    /// Tells the kernel to forget these entries and inodes.
+    pub(super) fn invalidate(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
         let inval = lock(&self.invalidator).clone();
         if let Some(inval) = inval {
             for (parent, name) in dirents {

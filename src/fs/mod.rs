@@ -225,6 +225,15 @@ pub const BLOCK_SIZE: u32 = 4096;
 struct Handle {
     file: Arc<FileSlot>,
     mode: OpenMode,
+    /// On a frozen store (a follower's): the store as it was at open, so the file reads the
+    /// version it opened, whole, whatever later batches change.
+    pinned: Option<Arc<Pinned>>,
+}
+
+/// A read transaction kept by an open handle, and the file's size in it.
+struct Pinned {
+    txn: crate::store::ReadTxn,
+    size: u64,
 }
 
 struct DirHandle {

@@ -185,8 +185,7 @@ impl Fs {
         g.stage(&mut w)?;
         // Under the write lock, so a replace checked after this commit sees it.
         if let Some(i) = w.inode(g.ino)? {
-            self.tracker
-                .wrote(g.last_writer.pid, g.ino, i.parent, &i.name);
+            self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
         }
         self.commit(w, Sync::Durable)?;
         g.committed();
@@ -202,7 +201,12 @@ impl Fs {
         if mode.write || mode.truncate {
             self.writable()?;
         }
-        let f = self.acquire(ino)?;
+        let pinned = self.pin_version(ino)?;
+        let f = match self.acquire(ino) {
+            // A batch took it between the pin and here: the kernel looks the path up again.
+            Err(Error::NotFound) if pinned.is_some() => return Err(Error::Stale),
+            other => other?,
+        };
         let stored = match self.store.read().and_then(|r| r.inode(ino)) {
             Ok(i) => i,
             Err(e) => {
@@ -225,7 +229,7 @@ impl Fs {
         // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
         if mode.truncate {
             let mut g = lock(&f.content);
-            g.last_writer = caller;
+            self.note_writer(&mut g, caller);
             if g.size != 0
                 && let Err(e) = g
                     .truncate(&self.store, 0, now_ns())
@@ -237,7 +241,14 @@ impl Fs {
             }
         }
         let fh = self.new_fh();
-        lock(&self.handles).insert(fh, Handle { file: f, mode });
+        lock(&self.handles).insert(
+            fh,
+            Handle {
+                file: f,
+                mode,
+                pinned,
+            },
+        );
         if let Some(i) = stored
             && let Err(e) = self.refresh_atime(i)
         {
@@ -271,8 +282,8 @@ impl Fs {
         tracing::warn!(
             op,
             path,
-            replacer = c.replacer,
-            maker = c.maker,
+            replacer = c.replacer.pid,
+            maker = c.maker_pid(),
             refused = refuse,
             "lost update: {}",
             c.describe()
@@ -294,10 +305,21 @@ impl Fs {
             _ => {}
         }
         if refuse {
-            Err(Error::LostUpdate { maker: c.maker })
+            Err(Error::LostUpdate {
+                maker: c.maker_pid(),
+            })
         } else {
             Ok(())
         }
+    }
+
+    /// `caller` changes `g`'s content: its commit is attributed to it, and to its process,
+    /// told now, while the caller waits for this request (it may exit before the commit).
+    pub(super) fn note_writer(&self, g: &mut OpenFile, caller: Caller) {
+        if g.last_writer.pid != caller.pid || g.writer.is_none() {
+            g.writer = self.tracker.identify(caller.pid);
+        }
+        g.last_writer = caller;
     }
 
     /// Conflicts (lost updates recorded or refused) since mount, for status.
@@ -331,9 +353,44 @@ impl Fs {
     }
 
     pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let pinned = lock(&self.handles).get(&fh).and_then(|h| h.pinned.clone());
+        if let Some(p) = pinned {
+            let (f, _) = self.handle(fh)?;
+            return read_pinned(&p, f.ino, offset, len);
+        }
         let (f, _) = self.handle(fh)?;
         let g = lock(&f.content);
         g.read(&self.store, offset, len)
+    }
+
+    /// `ino` as an open handle's pinned version holds it (see `pin_version`).
+    pub(super) fn pinned_inode(&self, ino: u64) -> Result<Option<Inode>> {
+        let pinned = lock(&self.handles)
+            .values()
+            .find(|h| h.file.ino == ino && h.pinned.is_some())
+            .and_then(|h| h.pinned.clone());
+        match pinned {
+            Some(p) => Ok(p.txn.inode(ino)?),
+            None => Ok(None),
+        }
+    }
+
+    /// On a frozen store (a follower's, which changes only by whole batches from its
+    /// writer): the store as it is now, for a handle to read `ino` from; Stale when the
+    /// inode went with a batch since the kernel looked it up.
+    fn pin_version(&self, ino: u64) -> Result<Option<Arc<Pinned>>> {
+        if self.store.frozen().is_none() {
+            return Ok(None);
+        }
+        let txn = self.store.read()?;
+        let inode = txn.inode(ino)?.ok_or(Error::Stale)?;
+        if inode.kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        Ok(Some(Arc::new(Pinned {
+            txn,
+            size: inode.size,
+        })))
     }
 
     pub fn write(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
@@ -353,7 +410,7 @@ impl Fs {
         if end > g.size {
             self.reserve(&mut g, end)?;
         }
-        g.last_writer = caller;
+        self.note_writer(&mut g, caller);
         g.write(&self.store, offset, data, now_ns())?;
         self.account(&mut g)?;
         Ok(data.len() as u32)
@@ -398,4 +455,29 @@ impl Fs {
     pub fn fsyncdir(&self) -> Result<()> {
         Ok(self.store.sync()?)
     }
+}
+
+/// Reads up to `len` bytes at `offset` of `ino` as `p` holds it; holes read as zeros.
+fn read_pinned(p: &Pinned, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+    if offset >= p.size || len == 0 {
+        return Ok(Vec::new());
+    }
+    let end = p.size.min(offset.saturating_add(len as u64));
+    let mut out = vec![0u8; (end - offset) as usize];
+    let first = offset / crate::store::CHUNK_SIZE;
+    let last = (end - 1) / crate::store::CHUNK_SIZE;
+    let chunks = p.txn.chunks(ino, first, last - first + 1)?;
+    for (idx, data) in (first..).zip(chunks) {
+        let Some(data) = data else {
+            continue;
+        };
+        let chunk_start = idx * crate::store::CHUNK_SIZE;
+        let from = offset.max(chunk_start);
+        let to = end.min(chunk_start + data.len() as u64);
+        if from < to {
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - chunk_start) as usize..(to - chunk_start) as usize]);
+        }
+    }
+    Ok(out)
 }

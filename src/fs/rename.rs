@@ -69,7 +69,9 @@ impl Fs {
         if self.tracker.mode() == LostUpdates::Refuse {
             drop(w);
             self.lost_update(caller, "rename", m.new_parent, name, &c, None)?;
-            return Err(Error::LostUpdate { maker: c.maker });
+            return Err(Error::LostUpdate {
+                maker: c.maker_pid(),
+            });
         }
         self.lost_update(caller, "rename", m.new_parent, name, &c, Some(&mut w))?;
         Ok(w)

@@ -54,4 +54,12 @@ impl Fs {
             tracing::error!(error = %e, "final sync failed");
         }
     }
+
+    /// After a transaction applied to a frozen store from outside every request (a
+    /// follower's batch from its replica): the kernel forgets the entries and inodes it
+    /// changed, and nothing else. Open handles keep reading the version they opened (their
+    /// pinned read transaction), as an open file on a local disk keeps a replaced inode.
+    pub fn changed_outside(&self, changed: crate::store::Changed) {
+        self.invalidate(changed.dirents, changed.inodes);
+    }
 }

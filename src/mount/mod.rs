@@ -29,6 +29,7 @@ use table::{clear_stale, is_stale};
 
 use crate::control::{self, Daemon};
 use crate::fs::{Fs, Limits};
+use crate::process::ProcessId;
 use crate::store::{Store, StoreError};
 
 /// Everything `redbfs mount` was asked.
@@ -51,9 +52,20 @@ pub struct MountRequest {
     pub keep_history: Option<u64>,
     /// Replicas and their schedule; `None` fields keep what the store recorded.
     pub replica: crate::replica::ReplicaOverrides,
+    /// Follow this replica read-only instead of mounting the store as it is (`--follow`).
+    pub follow: Option<FollowRequest>,
+    /// Take the replicas' writer role over from whoever holds it (`--takeover`).
+    pub takeover: bool,
     /// What this attempt has created so far (the daemon's log, directories): removed again if
     /// it fails before the mount answers.
     pub created: Created,
+}
+
+/// `--follow URL`: the replica, and how often to poll it.
+#[derive(Clone, Debug)]
+pub struct FollowRequest {
+    pub url: String,
+    pub interval: Duration,
 }
 
 /// History retention of a new store: 30 days.
@@ -336,6 +348,8 @@ fn run_daemon(mut req: MountRequest) -> Result<(), String> {
     res
 }
 
+/// The daemon's life from checks to a closed store: checks and opens what it needs, serves
+/// the control socket, mounts, serves the session until unmount, then closes the store.
 fn run_daemon_inner(
     req: &MountRequest,
     created: &mut Created,
@@ -349,18 +363,74 @@ fn run_daemon_inner(
     prepare_mountpoint(&mp, created)?;
     check_allow_other(req.allow_other)?;
     let fuse_device = open_fuse_device()?;
-    let fs = open_fs(req, &store_path, created)?;
+    let (fs, roles) = match &req.follow {
+        Some(f) => (open_follower(f, &store_path, created)?, Vec::new()),
+        None => {
+            let fs = open_fs(req, &store_path, created)?;
+            let roles = take_writer_roles(req, &fs)?;
+            (fs, roles)
+        }
+    };
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
+    let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
+    // From here the control thread holds the filesystem: a failure gives it back, so the store
+    // closes (and its write-ahead log goes) before what this attempt created is removed.
+    let give_back = |e: String| {
+        let _ = std::fs::remove_file(&socket);
+        drop(daemon.take_fs());
+        e
+    };
+    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
 
-    let unmount_mp = mp.clone();
+    let source = format!("redbfs:{}", store_path.display());
+    // A follower's mount is read-only in the kernel too: only its follower changes the store.
+    let (other, ro) = (req.allow_other, req.read_only || req.follow.is_some());
+    let mounted = match kernel_mount(&mp, &source, other, ro, fuse_device) {
+        Ok(Some(fd)) => Ok(fd),
+        Ok(None) => fusermount_mount(&mp, &source, other, ro),
+        Err(e) => Err(e),
+    };
+    let fd = match mounted {
+        Ok(fd) => fd,
+        Err(e) => {
+            let e = give_back(e);
+            close_store(fs);
+            return Err(e);
+        }
+    };
+    let on_ready = announce_ready(mp.clone(), store_path, ready.clone());
+    let served = serve_session(req, &fs, &daemon, roles, fd, on_ready);
+    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp).is_some() {
+        // Mounted, but the session never started: nothing can have used the mount.
+        let _ = nix::mount::umount2(&mp, MntFlags::MNT_DETACH);
+    }
+    if ready.load(Ordering::Acquire) {
+        crate::notify::stopping("unmounted; closing the store");
+    }
+    close_after_session(fs, &daemon, &socket);
+    served.map_err(|e| format!("serving the mount failed: {e}"))?;
+    tracing::info!("unmounted; store closed");
+    Ok(())
+}
+
+/// The control socket beside the store, served by its own thread, which holds the filesystem
+/// from now on; the socket is recorded in `created`. A second daemon for the same store is
+/// refused here, naming the mount that has it.
+fn serve_control(
+    fs: &Arc<Fs>,
+    mp: &Path,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<(Arc<Daemon>, PathBuf), String> {
+    let unmount_mp = mp.to_path_buf();
     let daemon = Arc::new(Daemon::new(
         fs.clone(),
-        mp.clone(),
-        store_path.clone(),
+        mp.to_path_buf(),
+        store_path.to_path_buf(),
         Box::new(move || kernel_unmount(&unmount_mp)),
     ));
     let socket = control::listen(daemon.clone()).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => match mountpoint_of_store(&store_path) {
+        std::io::ErrorKind::AddrInUse => match mountpoint_of_store(store_path) {
             Some(at) => format!(
                 "store {} is already mounted at {} (one daemon serves a store; browse that \
                  mount)",
@@ -372,79 +442,82 @@ fn run_daemon_inner(
         _ => format!("control socket: {e}"),
     })?;
     created.record(&socket);
-    // From here the control thread holds the filesystem: a failure gives it back, so the store
-    // closes (and its write-ahead log goes) before what this attempt created is removed.
-    let give_back = |e: String| {
-        let _ = std::fs::remove_file(&socket);
-        drop(daemon.take_fs());
-        e
-    };
+    Ok((daemon, socket))
+}
 
-    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
-
-    let source = format!("redbfs:{}", store_path.display());
-    let ready_flag = ready.clone();
-    let on_ready = move || {
+/// What runs once the mount answers: the log line, the readiness flag, the `redbfs mount`
+/// waiting on the notify descriptor, and systemd.
+fn announce_ready(
+    mp: PathBuf,
+    store_path: PathBuf,
+    ready: Arc<AtomicBool>,
+) -> impl FnOnce() + Send + 'static {
+    move || {
         tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
-        ready_flag.store(true, Ordering::Release);
+        ready.store(true, Ordering::Release);
         notify("ready");
         crate::notify::ready_once_answering(mp);
-    };
-    let mp_abs = req.mountpoint_abs()?;
-    let (other, ro) = (req.allow_other, req.read_only);
-    let mounted = match kernel_mount(&mp_abs, &source, other, ro, fuse_device) {
-        Ok(Some(fd)) => Ok(fd),
-        Ok(None) => fusermount_mount(&mp_abs, &source, other, ro),
-        Err(e) => Err(e),
-    };
-    let served = match mounted {
-        Ok(fd) => {
-            let settings = crate::replica::Settings::stored(fs.store());
-            let replication = crate::replica::Replication::start(&fs, &settings)
-                .map_err(|e| tracing::error!("{e}; not replicating"))
-                .ok()
-                .flatten()
-                .map(Arc::new);
-            daemon.set_replication(replication.clone());
-            let served =
-                crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
-            // What the session committed last goes up before the store closes, the orphans
-            // the kernel let go of too (nothing references them once the session ended).
-            fs.flush_all();
-            if let Err(e) = fs.reclaim_orphans() {
-                tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
-            }
-            daemon.set_replication(None);
-            if let Some(r) = replication {
-                r.stop();
-            }
-            served
-        }
-        Err(e) => {
-            let e = give_back(e);
-            close_store(fs);
-            return Err(e);
-        }
-    };
-    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp_abs).is_some() {
-        // Mounted, but the session never started: nothing can have used the mount.
-        let _ = nix::mount::umount2(&mp_abs, MntFlags::MNT_DETACH);
     }
-    if ready.load(Ordering::Acquire) {
-        crate::notify::stopping("unmounted; closing the store");
+}
+
+/// Serves the FUSE session on `fd` until it ends, with the store's replicas shipping (or its
+/// follower applying what the replica it follows holds) meanwhile; then what the session
+/// committed last goes up before the replicas stop.
+fn serve_session(
+    req: &MountRequest,
+    fs: &Arc<Fs>,
+    daemon: &Daemon,
+    roles: Vec<Option<crate::replica::epoch::Role>>,
+    fd: std::os::fd::OwnedFd,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
+    let follower = match &req.follow {
+        Some(f) => crate::replica::Follower::start(fs, &f.url, f.interval)
+            .map_err(|e| tracing::error!("{e}; not following"))
+            .ok()
+            .map(Arc::new),
+        None => None,
+    };
+    daemon.set_follower(follower.clone());
+    let settings = crate::replica::Settings::stored(fs.store());
+    let replication = if req.follow.is_some() {
+        None
+    } else {
+        crate::replica::Replication::start(fs, &settings, roles)
+            .map_err(|e| tracing::error!("{e}; not replicating"))
+            .ok()
+            .flatten()
+            .map(Arc::new)
+    };
+    daemon.set_replication(replication.clone());
+    let served = crate::fuse::serve_fd(fs.clone(), fd, req.allow_other, req.threads, on_ready);
+    daemon.set_follower(None);
+    if let Some(f) = follower {
+        f.stop();
     }
-    // The session has ended: the kernel sent DESTROY, and the filesystem flushed everything.
+    // What the session committed last goes up before the store closes, the orphans the kernel
+    // let go of too (nothing references them once the session ended).
     fs.flush_all();
-    // The kernel references nothing now: what it kept alive without a name goes.
     if let Err(e) = fs.reclaim_orphans() {
         tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
     }
-    let _ = std::fs::remove_file(&socket);
+    daemon.set_replication(None);
+    if let Some(r) = replication {
+        r.stop();
+    }
+    served
+}
+
+/// The session has ended (the kernel sent DESTROY): everything is flushed, what the kernel
+/// kept alive without a name goes, the socket goes, and the store closes.
+fn close_after_session(fs: Arc<Fs>, daemon: &Daemon, socket: &Path) {
+    fs.flush_all();
+    if let Err(e) = fs.reclaim_orphans() {
+        tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
+    }
+    let _ = std::fs::remove_file(socket);
     drop(daemon.take_fs());
     close_store(fs);
-    served.map_err(|e| format!("serving the mount failed: {e}"))?;
-    tracing::info!("unmounted; store closed");
-    Ok(())
 }
 
 /// Opens the store (recording what it creates) with the history retention asked for or
@@ -455,7 +528,8 @@ fn open_fs(
     created: &mut Created,
 ) -> Result<Arc<Fs>, String> {
     let (store, limits) = open_store(store_path, &req.limits, req.read_only, created)?;
-    crate::replica::config::remember(&store, &req.replica, req.read_only)?;
+    let mp = absolute(&req.mountpoint)?;
+    crate::replica::config::remember(&store, &req.replica, req.read_only, &mp)?;
     // The session's write-ahead log (the first commit made it): closing the store removes it,
     // and so does a failed attempt. A read-only mount has none.
     if !req.read_only {
@@ -542,17 +616,15 @@ fn close_store(mut fs: Arc<Fs>) {
     );
 }
 
-impl MountRequest {
-    fn mountpoint_abs(&self) -> Result<PathBuf, String> {
-        absolute(&self.mountpoint)
+/// Whether daemon process `d` still runs: the same process (its pid and start time), with a
+/// thread that is not a zombie. A zombie thread has closed its files, but the leader can turn
+/// zombie while other threads are still exiting and still hold the store, so every thread
+/// counts.
+fn daemon_running(d: ProcessId) -> bool {
+    if !d.alive() {
+        return false;
     }
-}
-
-/// Whether any thread of process `pid` still runs. A zombie thread has closed its files, but
-/// the leader can turn zombie while other threads are still exiting and still hold the store,
-/// so every thread counts.
-fn process_alive(pid: u64) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", d.pid)) else {
         return false;
     };
     tasks.filter_map(|t| t.ok()).any(|t| {
@@ -594,6 +666,8 @@ fn refuse_if_inside(mp: &Path) -> Result<(), String> {
 }
 
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
+/// Succeeds only then, or when the mount's daemon is gone (a stale mount, cleared); a live
+/// mount whose daemon does not answer is left alone, with what was found.
 pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     let mp = absolute(mountpoint)?;
     let Some(store) = redbfs_mount_at(&mp) else {
@@ -604,39 +678,173 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
     refuse_if_inside(&mp)?;
-    match control::Client::connect(&store) {
-        Ok(mut c) => {
-            let pid = c
-                .call(&serde_json::json!({"op": "status"}))?
-                .get("pid")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or("the daemon did not say its pid")?;
-            match c.call(&serde_json::json!({"op": "unmount"})) {
-                Ok(_) => {}
-                // The daemon may exit before its answer is written; the mount being gone is
-                // the answer then.
-                Err(_) if redbfs_mount_at(&mp).is_none() => {}
-                Err(e) => return Err(e),
-            }
-            // Returns once the daemon process has exited, which is when the store is closed.
-            for _ in 0..60_000 {
-                if !process_alive(pid) {
-                    return Ok(format!("unmounted {}", mp.display()));
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(format!(
-                "{} was unmounted but the daemon (pid {pid}) has not exited",
-                mp.display()
-            ))
-        }
-        Err(_) => {
-            // No daemon answers: the mount is stale or the daemon is wedged.
-            clear_stale(&mp)?;
-            Ok(format!(
-                "detached {} (its daemon did not answer)",
-                mp.display()
-            ))
-        }
+    let mut c = match control::Client::connect(&store) {
+        Ok(c) => c,
+        Err(e) => return no_answer(&mp, &store, e),
+    };
+    let pid = c
+        .call(&serde_json::json!({"op": "status"}))?
+        .get("pid")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("the daemon did not say its pid")?;
+    // The daemon as a process, not a number another process may be handed once it exits.
+    let daemon = crate::process::stat(pid).map(|s| ProcessId {
+        pid,
+        start: s.start,
+    });
+    match c.call(&serde_json::json!({"op": "unmount"})) {
+        Ok(_) => {}
+        // The daemon may exit before its answer is written; the mount being gone is the
+        // answer then.
+        Err(_) if redbfs_mount_at(&mp).is_none() => {}
+        Err(e) => return Err(e),
     }
+    // Returns once the daemon process has exited, which is when the store is closed.
+    for _ in 0..60_000 {
+        if !daemon.is_some_and(daemon_running) {
+            return Ok(format!("unmounted {}", mp.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(format!(
+        "{} was unmounted but the daemon (pid {pid}) has not exited",
+        mp.display()
+    ))
+}
+
+/// `unmount` of a mount whose daemon did not take the control connection (`e`). A mount that
+/// no longer answers lost its daemon and is cleared; any other is left as it is, with why:
+/// the socket belongs to another user, or a live daemon does not answer on it.
+fn no_answer(mp: &Path, store: &Path, e: std::io::Error) -> Result<String, String> {
+    if is_stale(mp) {
+        clear_stale(mp)?;
+        return Ok(format!(
+            "cleared a stale mount at {} (its daemon had exited)",
+            mp.display()
+        ));
+    }
+    let socket = control::socket_path(store);
+    if e.kind() == std::io::ErrorKind::PermissionDenied {
+        let owner = std::fs::metadata(&socket)
+            .map(|m| format!("uid {}", m.uid()))
+            .unwrap_or_else(|_| "another user".into());
+        return Err(format!(
+            "{}: permission denied on its daemon's control socket {} ({owner}): only the user \
+             who mounted it, or root, can unmount it. The mount is left as it is",
+            mp.display(),
+            socket.display()
+        ));
+    }
+    let holders = processes_holding(store);
+    let found = if holders.is_empty() {
+        format!(
+            "no process of this user holds its store {}",
+            store.display()
+        )
+    } else {
+        let pids: Vec<String> = holders.iter().map(u32::to_string).collect();
+        format!(
+            "its daemon, pid {}, still holds the store {}; `kill -TERM {}` makes it unmount \
+             and close the store",
+            pids.join(", "),
+            store.display(),
+            pids.join(" ")
+        )
+    };
+    Err(format!(
+        "{}: the mount answers but its daemon does not answer on the control socket {} ({e}): \
+         {found}. The mount is left as it is",
+        mp.display(),
+        socket.display()
+    ))
+}
+
+/// The processes (of those /proc shows this user) with `store` open, by the file's identity.
+fn processes_holding(store: &Path) -> Vec<u32> {
+    let Ok(want) = std::fs::metadata(store).map(|m| (m.dev(), m.ino())) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .filter_map(|fd| fd.ok())
+                .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == want))
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// A follower's filesystem: the replica's newest generation restored into the store at
+/// `store_path` (a follower's own, or a new one), frozen against every change but the
+/// follower's.
+fn open_follower(
+    f: &FollowRequest,
+    store_path: &Path,
+    created: &mut Created,
+) -> Result<Arc<Fs>, String> {
+    if let Some(parent) = store_path.parent() {
+        created
+            .create_dir_all(parent)
+            .map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let existed = std::fs::symlink_metadata(store_path).is_ok();
+    let store = crate::replica::follow::prepare(&f.url, store_path)?;
+    if !existed {
+        created.record(store_path);
+    }
+    let limits = Limits::stored(&store);
+    Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
+}
+
+/// Takes the writer role of every replica the store ships to, before the mount (a role
+/// another writer holds refuses it). With `--takeover`, a follower's store continues the
+/// history where it stands (the commit it followed to); the mark goes in a commit of its own.
+fn take_writer_roles(
+    req: &MountRequest,
+    fs: &Arc<Fs>,
+) -> Result<Vec<Option<crate::replica::epoch::Role>>, String> {
+    let settings = crate::replica::Settings::stored(fs.store());
+    if req.takeover && settings.urls.is_empty() {
+        return Err("--takeover takes a replica's writer role: give --replica URL".into());
+    }
+    if settings.urls.is_empty() || fs.is_read_only() {
+        return Ok(Vec::new());
+    }
+    let fenced = crate::replica::epoch::Fenced::of(fs.store());
+    if !req.takeover
+        && let Some((url, msg)) = fenced
+            .by_url
+            .iter()
+            .find(|(u, _)| settings.urls.contains(u))
+    {
+        return Err(format!(
+            "this store was fenced at replica {url} and takes no writer role there again \
+             without --takeover ({msg}). Mount it with --replica none (or --read-only) to \
+             recover its own changes, or follow the replica instead"
+        ));
+    }
+    let followed = crate::replica::follow::Followed::of(fs.store());
+    let after = followed.as_ref().and_then(|f| {
+        crate::replica::follow::Followed::cut_for(fs.store(), &f.url).map(|c| (f.url.as_str(), c))
+    });
+    let after = if req.takeover { after } else { None };
+    let roles =
+        crate::replica::epoch::acquire_all(&settings.urls, fs.store(), req.takeover, after)?;
+    if req.takeover {
+        crate::replica::epoch::Fenced::forget(fs.store(), &settings.urls);
+    }
+    if followed.is_some() && req.takeover {
+        // The store is a writer's now: a later takeover must not go back to this point.
+        crate::replica::follow::Followed::forget(fs.store()).map_err(|e| e.to_string())?;
+    }
+    Ok(roles)
 }

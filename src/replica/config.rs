@@ -81,16 +81,28 @@ impl ReplicaOverrides {
 }
 
 /// The replica settings of a mount: what the store keeps with `o` applied, every URL checked
-/// (its form; nothing is contacted), and recorded in the store when they changed (never by a
+/// (its form, no credentials in it, not inside `mountpoint`; nothing is contacted), and
+/// recorded in the store when they changed (never by a
 /// read-only mount). Called right after the store opens: the replicas' feeds start here,
 /// before the session's first commit, so a mount can tell whether the store is still where
 /// a replica's generation ends (a commit made at mount, such as this one or a reclaim after a
 /// crash, then reaches the replica like any other).
-pub fn remember(store: &Store, o: &ReplicaOverrides, read_only: bool) -> Result<Settings, String> {
+pub fn remember(
+    store: &Store,
+    o: &ReplicaOverrides,
+    read_only: bool,
+    mountpoint: &std::path::Path,
+) -> Result<Settings, String> {
     let stored = Settings::stored(store);
     let settings = o.apply(stored.clone());
+    if !read_only {
+        refuse_inside_mount(&settings.urls, mountpoint)?;
+    }
     for url in &settings.urls {
-        super::Target::open(url)?;
+        super::check_url(url).map_err(|e| {
+            format!("{e} (the store keeps this URL: mount with --replica none to drop it)")
+        })?;
+        super::Target::check(url)?;
     }
     if settings.interval_ns == 0 {
         return Err("--replica-interval must be more than 0".into());
@@ -149,13 +161,72 @@ pub fn record_generation(
     w.commit(Sync::Deferred)
 }
 
-/// A restored store claims no replica's generation: its first replicated mount starts new
-/// ones, never appending to the chain of the store it was copied from.
-pub fn disown(store: &Store) -> Result<(), StoreError> {
+/// A restored store ships nowhere until its owner says so (it may be a copy of someone
+/// else's store, whose replicas are not this owner's to write), and claims no replica's
+/// generation: its first replicated mount starts new ones, never appending to the chain of
+/// the store it was copied from. Returns the URLs it dropped.
+pub fn disown(store: &Store) -> Result<Vec<String>, StoreError> {
     let mut w = store.write()?;
     w.without_history();
-    if w.remove_meta(META_REPLICA_GENERATIONS)? {
+    let urls = w
+        .meta_bytes(META_REPLICAS)?
+        .and_then(|b| serde_json::from_slice::<Settings>(&b).ok())
+        .map(|s| s.urls)
+        .unwrap_or_default();
+    let settings = w.remove_meta(META_REPLICAS)?;
+    if w.remove_meta(META_REPLICA_GENERATIONS)? || settings {
         w.commit(Sync::Durable)?;
+    }
+    Ok(urls)
+}
+
+/// The replica URLs a store keeps (shown redacted), for `status` on an unmounted store.
+pub fn stored_urls(r: &crate::store::ReadTxn) -> Vec<String> {
+    r.meta_bytes(META_REPLICAS)
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice::<Settings>(&b).ok())
+        .map(|s| s.urls.iter().map(|u| super::redact(u)).collect())
+        .unwrap_or_default()
+}
+
+/// Refuses a `file://` replica inside the mountpoint `mp` (or reached through it): shipping
+/// there would write through the mount being served, and the daemon would wait on itself.
+/// Decided by device and inode of the nearest existing ancestor of the replica's directory
+/// and of its ancestors, so a symlink or a bind mount leading into `mp` counts too.
+pub fn refuse_inside_mount(urls: &[String], mp: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(mp) else {
+        return Ok(());
+    };
+    let mp_id = (m.dev(), m.ino());
+    for url in urls {
+        let Some(dir) = url::Url::parse(url)
+            .ok()
+            .filter(|u| u.scheme() == "file")
+            .and_then(|u| u.to_file_path().ok())
+        else {
+            continue;
+        };
+        let mut at = dir.as_path();
+        while std::fs::metadata(at).is_err() {
+            match at.parent() {
+                Some(p) => at = p,
+                None => break,
+            }
+        }
+        let real = std::fs::canonicalize(at).unwrap_or_else(|_| at.to_path_buf());
+        let inside = real
+            .ancestors()
+            .any(|a| std::fs::metadata(a).is_ok_and(|m| (m.dev(), m.ino()) == mp_id));
+        if inside {
+            return Err(format!(
+                "replica {}: it is inside the mountpoint {}; a replica must live outside the \
+                 mount it copies (mount with --replica none to drop it)",
+                super::redact(url),
+                mp.display()
+            ));
+        }
     }
     Ok(())
 }

@@ -1,17 +1,26 @@
-//! The way back from a replica: `replica ls` (its generations and the commits each reaches)
-//! and `restore --from` (a generation's snapshot, its segments' records applied up to the
-//! point asked for, then checked and put in place as `restore` does).
+//! The way back from a replica: `replica ls` and `replica verify` (each generation's chain
+//! and where it stops verifying), and `restore --from` (a generation's snapshot streamed to
+//! disk, its segments' verified records applied up to the point asked for, then checked and
+//! put in place as `restore` does).
 //!
-//! Invariant kept here: only whole segments that verify are applied, in commit order and
-//! without a gap; the chain ends at the first segment that is missing or does not verify, so
-//! what is restored is always a state the store was in.
+//! `walk` is the one reader of a chain: it takes a generation's listing (sizes checked before
+//! anything is read), reads each segment in commit order, verifies it (`Target::read_segment`:
+//! every record whole, checksummed, numbered as the name says, its entries of the byte form
+//! redb takes) and hands its new records on; it stops at the first gap or segment that does
+//! not verify and says where (`Break`). `records_after` builds on it for a reader that keeps
+//! up with a generation batch by batch.
+//!
+//! Invariant kept here: only verified records are applied, in commit order and without a gap,
+//! and a restore that would end before what the replica lists fails naming the break unless
+//! asked to stop at the last verified commit; what is restored is always a state the store
+//! was in.
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{Manifest, Target, runtime};
-use crate::store::{apply_records, decode_segment, record_time};
+use super::{Link, Manifest, ReadError, Target, runtime};
+use crate::store::{Rebuild, VerifiedRecord};
 
 /// Which state of the store to restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,7 +33,154 @@ pub enum Point {
     Time(i64),
 }
 
-/// One generation as `replica ls` shows it.
+/// Where a generation's chain stops verifying, with commits listed past it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Break {
+    /// The segment at fault; None for a gap (a segment missing).
+    pub segment: Option<String>,
+    /// The last commit that verifies, and when it committed (ns since the epoch).
+    pub last_good_commit: u64,
+    pub last_good_time_ns: i64,
+    /// The last commit the listing names past the break.
+    pub listed_commit: u64,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Break {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.segment {
+            Some(s) => write!(f, "{s} does not verify ({})", self.reason)?,
+            None => write!(f, "{}", self.reason)?,
+        }
+        write!(
+            f,
+            "; the chain verifies up to commit {} ({}), the replica lists up to commit {}",
+            self.last_good_commit,
+            show_time(self.last_good_time_ns),
+            self.listed_commit
+        )
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS UTC`.
+fn show_time(ns: i64) -> String {
+    jiff::Timestamp::from_nanosecond(i128::from(ns))
+        .map(|t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|_| format!("{ns} ns"))
+}
+
+/// Where a walk along a chain ended.
+#[derive(Clone, Debug)]
+pub struct Walked {
+    /// The last commit handed on (or the start), and when the last commit that records its
+    /// time committed.
+    pub commit: u64,
+    pub time_ns: i64,
+    /// Segments verified.
+    pub segments: usize,
+    /// Where the chain stops verifying; None when it verified to its listed end (or the walk
+    /// was stopped before).
+    pub broken: Option<Break>,
+}
+
+/// Walks generation `m`'s chain from commit `from` (made at `from_time`, ns) along `links`
+/// (its listing): each segment read and verified in turn, its records after the last one
+/// handed to `each`, which says whether to go on. Ends at the listing's end, at the first gap
+/// or segment that does not verify (`Walked::broken`), or when `each` says stop. An error is
+/// a replica out of reach (or `each`'s own), never a damaged one.
+pub async fn walk(
+    target: &Target,
+    m: &Manifest,
+    links: &[Link],
+    from: (u64, i64),
+    each: &mut dyn FnMut(Vec<VerifiedRecord>) -> Result<bool, String>,
+) -> Result<Walked, String> {
+    let mut w = Walked {
+        commit: from.0,
+        time_ns: from.1,
+        segments: 0,
+        broken: None,
+    };
+    let listed = links.iter().map(|l| l.last).max().unwrap_or(from.0);
+    for link in links {
+        if link.last <= w.commit {
+            continue;
+        }
+        let fault = |segment: Option<String>, reason: String, w: &Walked| Break {
+            segment,
+            last_good_commit: w.commit,
+            last_good_time_ns: w.time_ns,
+            listed_commit: listed,
+            reason,
+        };
+        if link.first > w.commit + 1 {
+            let reason = format!(
+                "commits {}..={} are missing (no segment holds them)",
+                w.commit + 1,
+                link.first - 1
+            );
+            w.broken = Some(fault(None, reason, &w));
+            return Ok(w);
+        }
+        let records = match target.read_segment(m, link).await {
+            Ok(r) => r,
+            Err(ReadError::Bad(reason)) => {
+                let name = format!("{}/{}", m.generation, link.name());
+                w.broken = Some(fault(Some(name), reason, &w));
+                return Ok(w);
+            }
+            Err(ReadError::Unreachable(e)) => return Err(e),
+        };
+        w.segments += 1;
+        let fresh: Vec<VerifiedRecord> =
+            records.into_iter().filter(|r| r.seq() > w.commit).collect();
+        let (last, time) = (
+            fresh.last().map(|r| r.seq()),
+            fresh.iter().rev().find_map(|r| r.time()),
+        );
+        if !each(fresh)? {
+            return Ok(w);
+        }
+        w.commit = last.unwrap_or(w.commit);
+        w.time_ns = time.unwrap_or(w.time_ns);
+    }
+    Ok(w)
+}
+
+/// A batch of verified records following a reader's position in a generation.
+#[derive(Clone, Debug)]
+pub struct Followed {
+    /// In commit order, the first following the position asked for.
+    pub records: Vec<VerifiedRecord>,
+    /// Where the chain stopped verifying (the records before it are still good).
+    pub broken: Option<Break>,
+}
+
+/// The verified records of generation `m` after commit `after`, whole segments of them up to
+/// about `max_bytes` (at least one segment when there is one): for a reader that keeps up with
+/// a generation, applying each batch in one transaction (`store::apply_verified`).
+pub async fn records_after(
+    target: &Target,
+    m: &Manifest,
+    after: u64,
+    max_bytes: usize,
+) -> Result<Followed, String> {
+    let links = target.segments(&m.generation).await?;
+    let mut records = Vec::new();
+    let mut bytes = 0usize;
+    let walked = walk(target, m, &links, (after, 0), &mut |batch| {
+        bytes += batch.iter().map(VerifiedRecord::len).sum::<usize>();
+        records.extend(batch);
+        Ok(bytes < max_bytes)
+    })
+    .await?;
+    Ok(Followed {
+        records,
+        broken: walked.broken,
+    })
+}
+
+/// One generation as `replica ls` and `replica verify` show it.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenerationInfo {
     pub generation: String,
@@ -32,11 +188,151 @@ pub struct GenerationInfo {
     /// The snapshot's commit and its time; None for a generation whose upload never finished.
     pub commit: Option<u64>,
     pub commit_time_ns: Option<i64>,
-    /// The last commit its segments reach without a gap, and when it committed.
+    /// The last commit its chain reaches and verifies, and when it committed.
     pub last_commit: Option<u64>,
     pub last_time_ns: Option<i64>,
     pub segments: usize,
     pub bytes: u64,
+    /// Where its chain stops verifying, with commits listed past it.
+    pub broken: Option<Break>,
+    /// Why it cannot be restored from at all (its manifest or snapshot).
+    pub problem: Option<String>,
+}
+
+impl GenerationInfo {
+    /// Whether it never got a manifest (a snapshot upload that did not finish).
+    fn is_unfinished(&self) -> bool {
+        self.commit.is_none() && self.problem.as_deref() == Some(NO_MANIFEST)
+    }
+}
+
+const NO_MANIFEST: &str = "no manifest: its upload never finished";
+
+/// What `replica verify` reports for `list` (oldest first): (generation, finding) for every
+/// break and every generation that cannot be restored from; an older generation whose upload
+/// never finished is left out (a shipper stopped mid-snapshot leaves one; pruning takes it),
+/// the newest counts.
+pub fn findings(list: &[GenerationInfo]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (i, g) in list.iter().enumerate() {
+        let newest = i + 1 == list.len();
+        if let Some(p) = &g.problem
+            && (newest || !g.is_unfinished())
+        {
+            out.push((
+                g.generation.clone(),
+                format!("cannot be restored from: {p}"),
+            ));
+        }
+        if let Some(b) = &g.broken {
+            out.push((g.generation.clone(), b.to_string()));
+        }
+    }
+    out
+}
+
+/// The generations of the replica at `url` (or just `only`), oldest first, each verified.
+pub fn list(url: &str, only: Option<&str>) -> Result<Vec<GenerationInfo>, String> {
+    let target = Target::open_existing(url)?;
+    let io = runtime()?;
+    io.block_on(async {
+        target.load_fence().await?;
+        let mut out = Vec::new();
+        let names = target.generation_names().await?;
+        if let Some(g) = only
+            && !names.iter().any(|n| n == g)
+        {
+            return Err(format!("{}: holds no generation {g}", target.shown()));
+        }
+        for name in names.iter().filter(|n| only.is_none_or(|g| g == *n)) {
+            let described = describe(&target, name).await;
+            // Sound, or unfinished from the start: as described.
+            if described
+                .as_ref()
+                .is_ok_and(|g| g.commit.is_none() || (g.broken.is_none() && g.problem.is_none()))
+            {
+                out.push(described?);
+                continue;
+            }
+            // A mount pruning the generation meanwhile (manifest first) is no damage.
+            match target.manifest(name).await {
+                Ok(None) => {
+                    tracing::info!(generation = %name, "a generation went while being read (pruned)");
+                }
+                _ => out.push(described?),
+            }
+        }
+        Ok(out)
+    })
+}
+
+async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String> {
+    let mut info = GenerationInfo {
+        generation: name.to_string(),
+        started_ns: super::started_of(name).unwrap_or(0),
+        commit: None,
+        commit_time_ns: None,
+        last_commit: None,
+        last_time_ns: None,
+        segments: 0,
+        bytes: 0,
+        broken: None,
+        problem: None,
+    };
+    let manifest = match target.manifest(name).await {
+        Ok(m) => m,
+        Err(ReadError::Unreachable(e)) => return Err(e),
+        Err(ReadError::Bad(e)) => {
+            info.problem = Some(e);
+            return Ok(info);
+        }
+    };
+    let links = target.segments(name).await?;
+    info.segments = links.len();
+    info.bytes = links.iter().map(|l| l.size).sum();
+    let Some(m) = manifest else {
+        info.problem = Some(NO_MANIFEST.into());
+        return Ok(info);
+    };
+    info.commit = Some(m.commit);
+    info.commit_time_ns = Some(m.commit_time_ns);
+    let snapshot = target
+        .size_of(&target.gen_path(name, "snapshot.redb"))
+        .await?;
+    info.bytes += snapshot.unwrap_or(0);
+    match snapshot {
+        None => info.problem = Some("snapshot.redb is missing".into()),
+        Some(n) if n != m.snapshot_bytes => {
+            info.problem = Some(format!(
+                "snapshot.redb holds {n} bytes, the manifest says {}",
+                m.snapshot_bytes
+            ));
+        }
+        Some(_) => {}
+    }
+    let walked = walk(
+        target,
+        &m,
+        &links,
+        (m.commit, m.commit_time_ns),
+        &mut |_| Ok(true),
+    )
+    .await?;
+    info.last_commit = Some(walked.commit);
+    info.last_time_ns = Some(walked.time_ns);
+    info.broken = walked.broken;
+    Ok(info)
+}
+
+/// The last commit generation `m` reaches and verifies, when the last commit that records its
+/// time committed, and whether it verifies to the end of what it lists.
+pub(super) async fn reach(target: &Target, m: &Manifest) -> Result<(u64, i64, bool), String> {
+    let links = target.segments(&m.generation).await?;
+    let w = walk(target, m, &links, (m.commit, m.commit_time_ns), &mut |_| {
+        Ok(true)
+    })
+    .await?;
+    Ok((w.commit, w.time_ns, w.broken.is_none()))
 }
 
 /// What `restore --from` did.
@@ -49,143 +345,106 @@ pub struct Restored {
     pub commit_time_ns: i64,
     pub records: usize,
     pub kept: Option<PathBuf>,
+    /// Where the chain stopped verifying, when restored to the last verified commit.
+    pub broken: Option<Break>,
+    /// The replica URLs the restored store had, dropped (see `config::disown`).
+    pub dropped_replicas: Vec<String>,
 }
 
-/// The segments that continue a chain from commit `from`, in order: each begins at or before
-/// the commit after the last one's end; the first gap ends the chain.
-fn chain(segments: &[(u64, u64, u64)], from: u64) -> Vec<(u64, u64, u64)> {
-    let mut out = Vec::new();
-    let mut at = from;
-    for &s in segments {
-        if s.1 <= at {
+/// The scratch file of `restore --from` for `store`, made by process `pid`.
+fn scratch_name(name: &str, pid: u32) -> String {
+    format!(".{name}.from-replica-{pid}.tmp")
+}
+
+/// Removes what a killed `restore` or `restore --from` left in `dir` for the store named
+/// `name` (its process is gone): the rebuilt scratch file and the checked copy.
+pub fn remove_leftovers(dir: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!(".{name}.from-replica-");
+    for e in entries.flatten() {
+        let n = e.file_name();
+        let Some(pid) = n
+            .to_str()
+            .and_then(|n| {
+                n.strip_prefix(&prefix)
+                    .and_then(|n| n.strip_suffix(".tmp"))
+                    .or_else(|| n.strip_prefix(".restore-tmp-"))
+            })
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
             continue;
-        }
-        if s.0 > at + 1 {
-            break;
-        }
-        out.push(s);
-        at = s.1;
-    }
-    out
-}
-
-/// The generations of the replica at `url`, oldest first.
-pub fn list(url: &str) -> Result<Vec<GenerationInfo>, String> {
-    let target = Target::open(url)?;
-    runtime()?.block_on(async {
-        let mut out = Vec::new();
-        for name in target.generation_names().await? {
-            out.push(describe(&target, &name).await?);
-        }
-        Ok(out)
-    })
-}
-
-async fn describe(target: &Target, name: &str) -> Result<GenerationInfo, String> {
-    let manifest = target.manifest(name).await?;
-    let segments = target.segments(name).await?;
-    let mut info = GenerationInfo {
-        generation: name.to_string(),
-        started_ns: super::started_of(name).unwrap_or(0),
-        commit: manifest.as_ref().map(|m| m.commit),
-        commit_time_ns: manifest.as_ref().map(|m| m.commit_time_ns),
-        last_commit: None,
-        last_time_ns: None,
-        segments: segments.len(),
-        bytes: segments.iter().map(|s| s.2).sum::<u64>()
-            + manifest.as_ref().map_or(0, |m| m.snapshot_bytes),
-    };
-    let Some(m) = manifest else {
-        return Ok(info);
-    };
-    let (last, time) = tail(target, &m, &chain(&segments, m.commit)).await?;
-    info.last_commit = Some(last.unwrap_or(m.commit));
-    info.last_time_ns = Some(time);
-    Ok(info)
-}
-
-/// Where the chain `links` of generation `m` ends: its last commit (None when the last
-/// segment does not verify whole, or holds other commits than its name says), and when the
-/// last commit that records its time committed. A segment of checkpoints alone (the last
-/// upload before an unmount) records no time, so the time may be further back.
-async fn tail(
-    target: &Target,
-    m: &Manifest,
-    links: &[(u64, u64, u64)],
-) -> Result<(Option<u64>, i64), String> {
-    let mut end = links.is_empty().then_some(m.commit);
-    let mut time = m.commit_time_ns;
-    for (i, &(first, last, _)) in links.iter().enumerate().rev() {
-        let bytes = target.segment(&m.generation, first, last).await?;
-        let Some(records) = decode_segment(m.log_id, &bytes) else {
-            break;
         };
-        let (a, b) = (records.first().map(|r| r.0), records.last().map(|r| r.0));
-        if i + 1 == links.len() && a == Some(first) && b == Some(last) {
-            end = Some(last);
-        }
-        if let Some(t) = records.iter().rev().find_map(|r| record_time(&r.1)) {
-            time = t;
-            break;
+        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        if !alive && std::fs::remove_file(e.path()).is_ok() {
+            tracing::info!(file = %e.path().display(), "removed what an interrupted restore left");
         }
     }
-    Ok((end, time))
-}
-
-/// The last commit generation `m` reaches without a gap (its last segment verified whole) and
-/// when the last commit that records its time committed; None when that segment does not
-/// verify.
-pub(super) async fn reach(target: &Target, m: &Manifest) -> Result<Option<(u64, i64)>, String> {
-    let links = chain(&target.segments(&m.generation).await?, m.commit);
-    let (end, time) = tail(target, m, &links).await?;
-    Ok(end.map(|e| (e, time)))
 }
 
 /// `restore --from`: rebuilds the store at `point` from the replica at `url` and puts it in
 /// place at `store` (not mounted: the caller checks) as `restore` does, keeping the file it
-/// replaces unless `discard_current`.
+/// replaces unless `discard_current`. A chain that stops verifying before what the replica
+/// lists fails, naming the break, unless `to_last_verified`.
 pub fn restore(
     url: &str,
     point: Point,
     store: &Path,
     discard_current: bool,
+    to_last_verified: bool,
 ) -> Result<Restored, String> {
-    let target = Target::open(url)?;
+    let target = Target::open_existing(url)?;
     let dir = crate::private::parent_dir(store);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let name = store
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let scratch = dir.join(format!(".{name}.from-replica-{}.tmp", std::process::id()));
+    remove_leftovers(&dir, &name);
+    let scratch = dir.join(scratch_name(&name, std::process::id()));
     let _ = std::fs::remove_file(&scratch);
-    let rebuilt = runtime()?.block_on(rebuild(&target, point, &scratch));
-    let result = rebuilt.and_then(|(m, commit, time, records)| {
-        let kept = crate::tools::restore(&scratch, store, discard_current)?;
+    let io = runtime()?;
+    let rebuilt = io.block_on(rebuild(&target, point, &scratch, to_last_verified));
+    drop(io);
+    let result = rebuilt.and_then(|r| {
+        let (kept, dropped) = crate::tools::restore_dropping(&scratch, store, discard_current)?;
         Ok(Restored {
             store: store.to_path_buf(),
-            url: url.to_string(),
-            generation: m.generation,
-            commit,
-            commit_time_ns: time,
-            records,
+            url: target.shown(),
+            generation: r.manifest.generation,
+            commit: r.commit,
+            commit_time_ns: r.time_ns,
+            records: r.records,
             kept,
+            broken: r.broken,
+            dropped_replicas: dropped.iter().map(|u| super::redact(u)).collect(),
         })
     });
     let _ = std::fs::remove_file(&scratch);
     result
 }
 
-/// The newest generation that holds `point`, with the commit its chain reaches.
-async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<(u64, u64, u64)>), String> {
+/// The newest generation that holds `point` by its listing, with that listing.
+async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<Link>), String> {
     let names = target.generation_names().await?;
     let mut reach = Vec::new();
     for name in names.iter().rev() {
-        let Some(m) = target.manifest(name).await? else {
-            continue;
+        let m = match target.manifest(name).await {
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(replica = %target.shown(), generation = %name, "skipping a generation whose manifest does not read: {e}");
+                continue;
+            }
         };
-        let links = chain(&target.segments(name).await?, m.commit);
-        let last = links.last().map_or(m.commit, |s| s.1);
+        let links = target.segments(name).await?;
+        let last = links
+            .iter()
+            .map(|l| l.last)
+            .max()
+            .unwrap_or(m.commit)
+            .max(m.commit);
         let fits = match point {
             Point::Latest => true,
             Point::Commit(n) => m.commit <= n && n <= last,
@@ -199,72 +458,116 @@ async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<(u64, u6
     if reach.is_empty() {
         return Err(format!(
             "{}: holds no complete generation to restore from",
-            target.url
+            target.shown()
         ));
     }
     Err(format!(
         "{}: no generation holds that point; it holds {}",
-        target.url,
+        target.shown(),
         reach.join(", ")
     ))
 }
 
-/// Downloads the chosen generation's snapshot to `scratch` and applies its records up to
-/// `point`: (manifest, commit reached, its time, records applied).
-async fn rebuild(
+pub(super) struct Rebuilt {
+    pub(super) manifest: Manifest,
+    pub(super) commit: u64,
+    pub(super) time_ns: i64,
+    pub(super) records: usize,
+    pub(super) broken: Option<Break>,
+}
+
+/// Streams the chosen generation's snapshot to `scratch` and applies its verified records up
+/// to `point`, segment by segment.
+pub(super) async fn rebuild(
     target: &Target,
     point: Point,
     scratch: &Path,
-) -> Result<(Manifest, u64, i64, usize), String> {
+    to_last_verified: bool,
+) -> Result<Rebuilt, String> {
+    target.load_fence().await?;
     let (m, links) = choose(target, point).await?;
-    let snapshot = target
-        .get(&target.gen_path(&m.generation, "snapshot.redb"))
-        .await?;
-    write_private(scratch, &snapshot)?;
-    drop(snapshot);
-    let (mut commit, mut time) = (m.commit, m.commit_time_ns);
-    let mut todo: Vec<(u64, Vec<u8>)> = Vec::new();
-    'segments: for (first, last, _) in links {
-        let bytes = target.segment(&m.generation, first, last).await?;
-        let Some(records) = decode_segment(m.log_id, &bytes) else {
-            tracing::warn!(generation = %m.generation, first, last, "a segment does not verify; the restore stops before it");
-            break;
-        };
-        for (seq, payload) in records {
-            if seq <= commit {
-                continue;
-            }
-            let at = record_time(&payload).unwrap_or(time);
-            let past = match point {
-                Point::Latest => false,
-                Point::Commit(n) => seq > n,
-                Point::Time(t) => at > t,
-            };
-            if past {
-                break 'segments;
-            }
-            (commit, time) = (seq, at);
-            todo.push((seq, payload));
+    let snapshot = target.gen_path(&m.generation, "snapshot.redb");
+    {
+        let mut f = crate::private::create_new(scratch)
+            .map_err(|e| crate::private::describe(scratch, e))?;
+        let size = target.get_to_file(&snapshot, &mut f).await?;
+        if size != m.snapshot_bytes {
+            return Err(format!(
+                "{}/snapshot.redb holds {size} bytes, its manifest says {}",
+                m.generation, m.snapshot_bytes
+            ));
         }
+        f.sync_all()
+            .map_err(|e| format!("{}: {e}", scratch.display()))?;
     }
+    let mut rebuild = Rebuild::open(scratch).map_err(|e| {
+        format!(
+            "{}/snapshot.redb does not open as a store: {e}",
+            m.generation
+        )
+    })?;
+    let (mut commit, mut time) = (m.commit, m.commit_time_ns);
+    let mut applied = 0usize;
+    let mut reached = false;
+    let walked = walk(
+        target,
+        &m,
+        &links,
+        (m.commit, m.commit_time_ns),
+        &mut |records| {
+            let mut take = Vec::with_capacity(records.len());
+            for r in records {
+                let at = r.time().unwrap_or(time);
+                let past = match point {
+                    Point::Latest => false,
+                    Point::Commit(n) => r.seq() > n,
+                    Point::Time(t) => at > t,
+                };
+                if past {
+                    reached = true;
+                    break;
+                }
+                (commit, time) = (r.seq(), at);
+                take.push(r);
+            }
+            applied += take.len();
+            rebuild.apply(&take).map_err(|e| e.to_string())?;
+            Ok(!reached)
+        },
+    )
+    .await?;
     if let Point::Commit(n) = point
         && commit != n
     {
+        let why = walked
+            .broken
+            .as_ref()
+            .map_or(String::new(), |b| format!(": {b}"));
         return Err(format!(
-            "commit {n} is not in the replica (generation {} reaches commit {commit})",
+            "commit {n} is not in the replica (generation {} reaches commit {commit}){why}",
             m.generation
         ));
     }
-    apply_records(scratch, &todo).map_err(|e| e.to_string())?;
-    Ok((m, commit, time, todo.len()))
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    let mut f = crate::private::create_new(path).map_err(|e| crate::private::describe(path, e))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("{}: {e}", path.display()))
+    if let Some(b) = &walked.broken
+        && !reached
+        && !to_last_verified
+    {
+        return Err(format!(
+            "{}: generation {}: {b}. Nothing was restored; `--to-last-verified` restores \
+             commit {} and drops the rest",
+            target.shown(),
+            m.generation,
+            b.last_good_commit
+        ));
+    }
+    rebuild.finish().map_err(|e| e.to_string())?;
+    Ok(Rebuilt {
+        manifest: m,
+        commit,
+        time_ns: time,
+        records: applied,
+        broken: walked.broken.filter(|_| !reached),
+    })
 }
 
 #[cfg(test)]
@@ -272,10 +575,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_chain_follows_without_gaps_and_skips_what_it_has() {
-        let segs = vec![(6, 9, 0), (6, 7, 0), (10, 12, 0), (11, 14, 0), (16, 20, 0)];
-        assert_eq!(chain(&segs, 5), vec![(6, 9, 0), (10, 12, 0), (11, 14, 0)]);
-        assert_eq!(chain(&segs, 12), vec![(11, 14, 0)]);
-        assert!(chain(&segs, 3).is_empty(), "4 and 5 are missing");
+    fn a_scratch_name_is_found_as_a_leftover() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid that is not running (pid_max is below 2^22 on Linux).
+        let dead = dir.path().join(scratch_name("m.redb", 4_194_304 + 7));
+        let live = dir.path().join(scratch_name("m.redb", std::process::id()));
+        let other = dir.path().join(scratch_name("n.redb", 4_194_304 + 7));
+        for p in [&dead, &live, &other] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        remove_leftovers(dir.path(), "m.redb");
+        assert!(!dead.exists());
+        assert!(live.exists(), "a running restore's file stays");
+        assert!(other.exists(), "another store's stays");
     }
 }

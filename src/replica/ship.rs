@@ -9,6 +9,19 @@
 //! since: an unreachable replica costs the mount nothing but memory for the records (up to the
 //! feed's bound, then a snapshot carries on), and logs one warning per outage.
 //!
+//! The shipper also checks, cheaply, that its generation can still be restored from (its
+//! manifest and snapshot there, its segments listed without a gap up to what it shipped):
+//! every ten intervals (at most a minute apart) and after every failed request. A generation
+//! that cannot (its directory deleted, an object removed) is never reported as up to date: a
+//! warning says what happened and a new generation starts. Every request is bounded
+//! (`io_timeout`); stopping makes at most one bounded last upload and says what it left
+//! unshipped, and never waits for a request stuck in the kernel.
+//!
+//! Each shipper holds its replica's writer role (`epoch`), taken before the mount: before
+//! the uploads of each round it checks that no newer writer took the role over; once one did,
+//! the mount is fenced: it ships nothing more, refuses every change (EROFS) and says so once.
+//! A clean stop releases the role after the last upload.
+//!
 //! Invariant kept here: a segment is uploaded only after the one before it (or the snapshot)
 //! was uploaded whole, and records leave the feed only once uploaded.
 
@@ -22,16 +35,20 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::config::{record_generation, recorded_generation};
-use super::{Manifest, Settings, Target, runtime, segment_name, started_of};
+use super::epoch::{self, EpochRecord, Refusal, Role};
+use super::{
+    Manifest, Settings, Target, generation_name, io_timeout, runtime, segment_name, started_of,
+};
 use crate::fs::Fs;
-use crate::store::{Batch, Feed, Record, encode_segment, now_ns};
-
-/// A segment holds about this much at most; a backlog goes up in several, in order.
-const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
+use crate::store::{Batch, Feed, Record, SEGMENT_BYTES, encode_segment, now_ns};
 /// A snapshot up to this size goes up in one request; larger ones in parts of this size.
 const PART_BYTES: usize = 16 * 1024 * 1024;
 /// How often old generations are looked for (and after each new generation).
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// Why a generation is dropped when its manifest went away.
+const GENERATION_GONE: &str = "its manifest is gone";
+/// The generation's health is checked at least this often (and every ten intervals).
+const CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// What a replica has shipped, for `redbfs status`.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -51,6 +68,13 @@ pub struct Lag {
     pub segment_bytes: u64,
     pub record_bytes: u64,
     pub records: u64,
+    /// Why the generation last shipped to could not be restored from, when the shipper found
+    /// out (a new generation then started).
+    pub problem: Option<String>,
+    /// The writer role's epoch this mount holds (None until it took it).
+    pub epoch: Option<u64>,
+    /// Set once a newer writer took the role over: why this mount ships nothing more.
+    pub fenced: Option<String>,
 }
 
 #[derive(Default)]
@@ -75,8 +99,9 @@ impl Stop {
 pub struct Replication {
     fs: Arc<Fs>,
     stop: Arc<Stop>,
-    /// Taken by `stop`.
+    /// Taken by `stop`; each thread's end is also said on `ended`.
     threads: Mutex<Vec<JoinHandle<()>>>,
+    ended: Mutex<std::sync::mpsc::Receiver<()>>,
     lags: Vec<(Arc<Mutex<Lag>>, Arc<Feed>)>,
 }
 
@@ -85,53 +110,80 @@ fn lock(m: &Mutex<Lag>) -> MutexGuard<'_, Lag> {
 }
 
 impl Replication {
-    /// Starts shipping `fs`'s commits to each replica of `settings`; None when there is none.
-    pub fn start(fs: &Arc<Fs>, settings: &Settings) -> Result<Option<Replication>, String> {
+    /// Starts shipping `fs`'s commits to each replica of `settings`, holding the writer roles
+    /// `roles` (one per URL, in order; None: taken once the replica answers); None when
+    /// there is no replica.
+    pub fn start(
+        fs: &Arc<Fs>,
+        settings: &Settings,
+        mut roles: Vec<Option<Role>>,
+    ) -> Result<Option<Replication>, String> {
         if settings.urls.is_empty() || fs.is_read_only() {
             return Ok(None);
         }
-        let targets: Vec<Target> = settings
-            .urls
-            .iter()
-            .map(|u| Target::open(u))
-            .collect::<Result<_, _>>()?;
+        // Each URL's form was checked when the store opened; a `file://` directory is made
+        // and opened on the shipper's own thread, so a hung share never holds the mount.
+        let urls = settings.urls.clone();
         // Attached when the store opened (`config::remember`), so `at` is where it was then.
         let at = fs
             .store()
-            .attach_feeds(targets.len())
+            .attach_feeds(urls.len())
             .map_err(|e| format!("starting the replicas' feeds: {e}"))?;
-        if at.feeds.len() != targets.len() {
+        if at.feeds.len() != urls.len() {
             return Err("the replicas changed since the store opened".into());
         }
         let stop = Arc::new(Stop::default());
+        let (ended_tx, ended) = std::sync::mpsc::channel();
         let mut r = Replication {
             fs: fs.clone(),
             stop: stop.clone(),
             threads: Mutex::new(Vec::new()),
+            ended: Mutex::new(ended),
             lags: Vec::new(),
         };
-        for (i, (target, feed)) in targets.into_iter().zip(at.feeds.clone()).enumerate() {
+        roles.resize(urls.len(), None);
+        for (i, ((url, feed), role)) in urls
+            .into_iter()
+            .zip(at.feeds.clone())
+            .zip(roles)
+            .enumerate()
+        {
             let lag = Arc::new(Mutex::new(Lag {
-                url: target.url.clone(),
+                url: url.clone(),
+                epoch: role.as_ref().map(Role::epoch),
                 ..Lag::default()
             }));
             r.lags.push((lag.clone(), feed.clone()));
-            let shipper = Shipper {
-                fs: fs.clone(),
-                target,
-                feed,
-                from: (at.from, at.from_time),
-                settings: settings.clone(),
-                lag,
-                generation: None,
-                pruned: None,
-                outage: false,
-                scratch: scratch_path(fs.store().path(), i),
-            };
-            let stop = stop.clone();
+            tracing::info!(replica = %super::redact(&url), "replicating to");
+            let (fs, settings, stop, ended) =
+                (fs.clone(), settings.clone(), stop.clone(), ended_tx.clone());
+            let from = (at.from, at.from_time);
             let t = std::thread::Builder::new()
                 .name(format!("replica-{i}"))
-                .spawn(move || shipper.run(&stop))
+                .spawn(move || {
+                    if let Some(target) = open_target(&url, &lag, &settings, &stop) {
+                        let scratch = scratch_path(fs.store().path(), i);
+                        let shipper = Shipper {
+                            fs,
+                            target,
+                            feed,
+                            from,
+                            settings,
+                            lag,
+                            generation: None,
+                            pruned: None,
+                            checked: None,
+                            outage: false,
+                            scratch,
+                            role,
+                            fence_read: false,
+                            role_checked: false,
+                            fenced: false,
+                        };
+                        shipper.run(&stop);
+                    }
+                    let _ = ended.send(());
+                })
                 .map_err(|e| format!("starting the replica thread: {e}"))?;
             r.threads
                 .get_mut()
@@ -141,8 +193,10 @@ impl Replication {
         Ok(Some(r))
     }
 
-    /// Ships what is left (one attempt, skipped for a replica out of reach) and stops; returns
-    /// once every shipping thread has ended. A checkpoint first, so closing the store adds no
+    /// Ships what is left (one bounded attempt, skipped for a replica out of reach) and
+    /// stops; returns once every shipping thread has ended, or after a bounded wait for one
+    /// still in a request (it is left behind: the process exits without it). Then says, per
+    /// replica, what was left unshipped. A checkpoint first, so closing the store adds no
     /// commit the replicas never see and the next mount can continue their generations. Takes
     /// `&self`: a status request still holding the replication cannot keep it from shipping.
     pub fn stop(&self) {
@@ -154,8 +208,36 @@ impl Replication {
         *self.stop.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.stop.wake.notify_all();
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        // A thread may be in the middle of a step (a new generation's snapshot) when asked:
+        // its requests are bounded, the step as a whole gets this long.
+        let deadline = Instant::now() + io_timeout() * 3 + Duration::from_secs(5);
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        let mut left = threads.len();
+        while left > 0 {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match ended.recv_timeout(wait) {
+                Ok(()) => left -= 1,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    tracing::warn!("a replica's last upload did not end in time; it is abandoned");
+                    break;
+                }
+                // Every thread has ended (one without saying so: see below).
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
         for t in threads {
-            let _ = t.join();
+            if t.is_finished() && t.join().is_err() {
+                tracing::error!("a replica's shipping thread failed");
+            }
+        }
+        let commits = self.fs.store().log_state().0;
+        for (lag, _) in &self.lags {
+            let l = lock(lag);
+            if l.shipped_commit < commits {
+                tracing::warn!(replica = %super::redact(&l.url), shipped = l.shipped_commit, "the replica was left without commits {}..={commits} (the next mount starts a new generation)", l.shipped_commit + 1);
+            } else {
+                tracing::info!(replica = %super::redact(&l.url), commit = l.shipped_commit, "the replica holds every commit");
+            }
         }
     }
 
@@ -178,12 +260,37 @@ impl Replication {
                     (now - since).max(0) as f64 / 1e9
                 };
                 let mut v = serde_json::to_value(&l).unwrap_or_default();
+                v["url"] = json!(super::redact(&l.url));
                 v["commits_behind"] = json!(behind);
                 v["seconds_behind"] = json!((seconds * 10.0).round() / 10.0);
                 v
             })
             .collect();
         Value::Array(list)
+    }
+}
+
+/// Opens the replica at `url` (making a `file://` directory), trying again every interval
+/// while it fails (the error shows in `status`, and is logged once); None once stopping.
+fn open_target(url: &str, lag: &Mutex<Lag>, settings: &Settings, stop: &Stop) -> Option<Target> {
+    let mut logged = false;
+    loop {
+        match Target::open(url) {
+            Ok(t) => {
+                lock(lag).error = None;
+                return Some(t);
+            }
+            Err(e) => {
+                if !logged {
+                    tracing::warn!(replica = %super::redact(url), error = %e, "cannot open the replica; trying again every interval");
+                    logged = true;
+                }
+                lock(lag).error = Some(e);
+            }
+        }
+        if stop.wait(settings.interval()) {
+            return None;
+        }
     }
 }
 
@@ -218,8 +325,18 @@ struct Shipper {
     lag: Arc<Mutex<Lag>>,
     generation: Option<Generation>,
     pruned: Option<Instant>,
+    /// When the generation's health was last checked (None: due).
+    checked: Option<Instant>,
     outage: bool,
     scratch: PathBuf,
+    /// The writer role (None until taken: the replica was out of reach at mount).
+    role: Option<Role>,
+    /// Whether the epochs were read (once, at the first round).
+    fence_read: bool,
+    /// Whether this round has checked the role yet (once per round with uploads).
+    role_checked: bool,
+    /// A newer writer took the role: nothing more is shipped.
+    fenced: bool,
 }
 
 impl Shipper {
@@ -227,22 +344,115 @@ impl Shipper {
         let rt = match runtime() {
             Ok(rt) => rt,
             Err(e) => {
-                tracing::error!(replica = %self.target.url, "{e}; not replicating");
+                tracing::error!(replica = %self.target.shown(), "{e}; not replicating");
                 return;
             }
         };
         let mut stopping = false;
         loop {
-            if !(stopping && self.outage) {
-                let result = rt.block_on(self.step());
-                self.report(result);
-            }
+            self.role_checked = false;
             if stopping {
+                // The last upload: what the feed holds, bounded as a whole; no new generation.
+                if !self.outage && !self.fenced && self.generation.is_some() {
+                    // The timer is made inside the runtime, which it needs.
+                    let result = rt
+                        .block_on(async {
+                            tokio::time::timeout(io_timeout(), self.ship_pending()).await
+                        })
+                        .unwrap_or_else(|_| Err("the last upload took too long".into()));
+                    self.report(result);
+                }
+                break;
+            }
+            let result = rt.block_on(self.step());
+            self.report(result);
+            if self.fenced {
                 break;
             }
             stopping = stop.wait(self.settings.interval());
         }
+        if stopping
+            && !self.fenced
+            && !self.outage
+            && let Some(role) = &self.role
+        {
+            let released = rt
+                .block_on(async {
+                    tokio::time::timeout(io_timeout(), role.release(&self.target)).await
+                })
+                .unwrap_or_else(|_| Err("releasing took too long".into()));
+            match released {
+                Ok(()) => {
+                    tracing::info!(replica = %self.target.shown(), epoch = role.epoch(), "released the replica's writer role")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %self.target.shown(), error = %e, "could not release the replica's writer role; the next writer must take it over (--takeover), or this store takes it again at its next mount")
+                }
+            }
+        }
+        drop(rt);
         let _ = std::fs::remove_file(&self.scratch);
+    }
+
+    /// Whether this mount may upload: it holds the writer role (taken now if the replica was
+    /// out of reach at mount) and no newer writer took it over. Once one did, fences the mount.
+    async fn may_upload(&mut self) -> Result<bool, String> {
+        if self.fenced {
+            return Ok(false);
+        }
+        if self.role_checked {
+            return Ok(true);
+        }
+        let store = self.fs.store().path().display().to_string();
+        let newer = match &self.role {
+            None => match epoch::acquire(
+                &self.target,
+                &store,
+                false,
+                None,
+                epoch::Roles::held(self.fs.store(), &self.target.url),
+            )
+            .await
+            {
+                Ok(role) => {
+                    lock(&self.lag).epoch = Some(role.epoch());
+                    epoch::Roles::note(self.fs.store(), &self.target.url, role.epoch());
+                    self.role = Some(role);
+                    None
+                }
+                Err(Refusal::Held(h) | Refusal::TakenOver(h)) => Some(h),
+                Err(Refusal::Unreachable(e)) => return Err(e),
+            },
+            Some(role) => role.superseded(&self.target).await?,
+        };
+        if let Some(newer) = newer {
+            self.fence(&newer);
+            return Ok(false);
+        }
+        self.role_checked = true;
+        Ok(true)
+    }
+
+    /// A newer writer holds the role: this mount ships nothing more and refuses changes.
+    fn fence(&mut self, newer: &EpochRecord) {
+        let shipped = lock(&self.lag).shipped_commit;
+        let msg = format!(
+            "fenced: replica {} was taken over by {} (epoch {}); this mount is read-only from \
+             now on and ships nothing more. The replica holds this store's commits up to {}; \
+             later ones stay in this store only",
+            self.target.shown(),
+            newer.holder(),
+            newer.epoch,
+            newer
+                .after
+                .as_ref()
+                .map_or(shipped, |c| c.commit.min(shipped))
+        );
+        tracing::error!("{msg}");
+        self.fs.store().freeze(msg.clone());
+        epoch::Fenced::note(self.fs.store(), &self.target.url, &msg);
+        self.fenced = true;
+        lock(&self.lag).fenced = Some(msg);
     }
 
     /// One warning when the replica goes out of reach, one line when it is back.
@@ -251,22 +461,31 @@ impl Shipper {
         match result {
             Ok(()) => {
                 if self.outage {
-                    tracing::info!(replica = %self.target.url, commit = lag.shipped_commit, "the replica is reachable again and has caught up");
+                    tracing::info!(replica = %self.target.shown(), commit = lag.shipped_commit, "the replica is reachable again and has caught up");
                 }
                 self.outage = false;
                 lag.error = None;
             }
             Err(e) => {
                 if !self.outage {
-                    tracing::warn!(replica = %self.target.url, error = %e, "cannot reach the replica; the mount carries on, and the replica catches up once it is back (`redbfs status` shows how far behind it is)");
+                    tracing::warn!(replica = %self.target.shown(), error = %e, "cannot reach the replica; the mount carries on, and the replica catches up once it is back (`redbfs status` shows how far behind it is)");
                 }
                 self.outage = true;
                 lag.error = Some(e);
+                // Whatever failed may have been the generation going away: check it next.
+                self.checked = None;
             }
         }
     }
 
     async fn step(&mut self) -> Result<(), String> {
+        if self.fenced {
+            return Ok(());
+        }
+        if !self.fence_read {
+            self.target.load_fence().await?;
+            self.fence_read = true;
+        }
         if self.generation.is_none() && !self.feed.is_broken() {
             self.resume().await;
         }
@@ -279,19 +498,84 @@ impl Shipper {
         if due || self.feed.is_broken() {
             self.start_generation().await?;
         }
-        loop {
-            let after = self.generation.as_ref().map_or(0, |g| g.shipped);
-            match self.feed.take(after, SEGMENT_BYTES) {
-                Batch::Broken => self.start_generation().await?,
-                Batch::Records(r) if r.is_empty() => break,
-                Batch::Records(r) => self.ship(r).await?,
+        let check_every = (self.settings.interval() * 10).min(CHECK_EVERY);
+        if self.checked.is_none_or(|t| t.elapsed() >= check_every) {
+            if let Some(problem) = self.check_generation().await? {
+                let g = self
+                    .generation
+                    .as_ref()
+                    .map_or(String::new(), |g| g.name.clone());
+                tracing::warn!(replica = %self.target.shown(), generation = %g, "the replica's generation can no longer be restored from ({problem}); starting a new generation");
+                lock(&self.lag).problem = Some(format!("generation {g}: {problem}"));
+                self.start_generation().await?;
+                // Without its manifest nothing of it can be restored: what this shipper put
+                // there meanwhile goes (a generation still holding its manifest stays, as it
+                // restores up to its gap).
+                if problem == GENERATION_GONE
+                    && let Err(e) = self.target.remove_generation(&g).await
+                {
+                    tracing::info!(replica = %self.target.shown(), generation = %g, error = %e, "cannot remove what is left of the generation; pruning will");
+                }
             }
+            self.checked = Some(Instant::now());
         }
+        self.ship_pending().await?;
         if self.pruned.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
             self.prune().await?;
             self.pruned = Some(Instant::now());
         }
         Ok(())
+    }
+
+    /// Uploads what the feed holds, as segments following the last one shipped (a new
+    /// generation first when the chain broke).
+    async fn ship_pending(&mut self) -> Result<(), String> {
+        loop {
+            if self.fenced {
+                return Ok(());
+            }
+            let after = self.generation.as_ref().map_or(0, |g| g.shipped);
+            match self.feed.take(after, SEGMENT_BYTES) {
+                Batch::Broken => self.start_generation().await?,
+                Batch::Records(r) if r.is_empty() => return Ok(()),
+                Batch::Records(r) => self.ship(r).await?,
+            }
+        }
+    }
+
+    /// Whether the current generation can still be restored from, by what the replica lists
+    /// (no segment read): its manifest, its snapshot at its size, and segments reaching what
+    /// was shipped without a gap. Why not, when it cannot; an error when the replica cannot
+    /// be read.
+    async fn check_generation(&self) -> Result<Option<String>, String> {
+        let Some(g) = &self.generation else {
+            return Ok(None);
+        };
+        let Some(m) = self.target.manifest(&g.name).await? else {
+            return Ok(Some(GENERATION_GONE.into()));
+        };
+        let snapshot = self
+            .target
+            .size_of(&self.target.gen_path(&g.name, "snapshot.redb"))
+            .await?;
+        if snapshot != Some(m.snapshot_bytes) {
+            return Ok(Some("its snapshot is gone or changed".into()));
+        }
+        let mut at = m.commit;
+        for l in self.target.segments(&g.name).await? {
+            if l.first > at + 1 || at >= g.shipped {
+                break;
+            }
+            at = at.max(l.last);
+        }
+        if at < g.shipped {
+            return Ok(Some(format!(
+                "commits {}..={} are missing from its segments",
+                at + 1,
+                g.shipped
+            )));
+        }
+        Ok(None)
     }
 
     /// Continues the generation the store recorded for this replica when it is the replica's
@@ -305,7 +589,7 @@ impl Shipper {
         };
         match self.resumable(&recorded).await {
             Ok(Some(g)) => {
-                tracing::info!(replica = %self.target.url, generation = %g.name, commit = g.shipped, "replica: continuing the generation");
+                tracing::info!(replica = %self.target.shown(), generation = %g.name, commit = g.shipped, "replica: continuing the generation");
                 let mut lag = lock(&self.lag);
                 lag.generation = Some(g.name.clone());
                 lag.shipped_commit = g.shipped;
@@ -317,11 +601,11 @@ impl Shipper {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::info!(replica = %self.target.url, error = %e, "replica: cannot read the generation to continue; starting a new one");
+                tracing::info!(replica = %self.target.shown(), error = %e, "replica: cannot read the generation to continue; starting a new one");
             }
         }
         if let Err(e) = record_generation(store, &self.target.url, None) {
-            tracing::warn!(replica = %self.target.url, error = %e, "replica: cannot forget the generation the store recorded");
+            tracing::warn!(replica = %self.target.shown(), error = %e, "replica: cannot forget the generation the store recorded");
         }
     }
 
@@ -343,9 +627,8 @@ impl Shipper {
         if newest != name {
             return Ok(None);
         }
-        if m.generation != newest
-            || super::restore::reach(&self.target, &m).await? != Some(self.from)
-        {
+        let (commit, time, whole) = super::restore::reach(&self.target, &m).await?;
+        if m.generation != newest || !whole || (commit, time) != self.from {
             return Ok(None);
         }
         Ok(Some(Generation {
@@ -358,11 +641,17 @@ impl Shipper {
 
     /// Uploads one segment following the last one shipped.
     async fn ship(&mut self, records: Vec<(u64, Record)>) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let g = self.generation.as_mut().ok_or("no generation")?;
         let (first, last) = (records[0].0, records[records.len() - 1].0);
         let bytes = encode_segment(g.log_id, records.iter().map(|r| (r.0, r.1.as_slice())));
         let size = bytes.len() as u64;
-        let path = self.target.gen_path(&g.name, &segment_name(first, last));
+        let path = self
+            .target
+            .gen_path(&g.name, &segment_name(first, last, epoch));
         self.target.put(&path, bytes).await?;
         g.shipped = last;
         self.feed.release(last);
@@ -378,6 +667,10 @@ impl Shipper {
 
     /// A new generation: a snapshot of the store now, uploaded whole, then its manifest.
     async fn start_generation(&mut self) -> Result<(), String> {
+        if !self.may_upload().await? {
+            return Ok(());
+        }
+        let epoch = self.role.as_ref().map_or(0, Role::epoch);
         let _ = std::fs::remove_file(&self.scratch);
         let taken = (|| {
             let r = self.fs.store().read()?;
@@ -391,7 +684,7 @@ impl Shipper {
             format!("taking a snapshot for the replica: {e}")
         })?;
         let started_ns = now_ns();
-        let name = format!("{started_ns:020}-{:08x}", random() as u32);
+        let name = generation_name(epoch, started_ns, random() as u32);
         let uploaded = self.upload_snapshot(&name).await;
         let _ = std::fs::remove_file(&self.scratch);
         let snapshot_bytes = uploaded?;
@@ -408,10 +701,10 @@ impl Shipper {
         let at = self.target.gen_path(&name, "manifest.json");
         self.target.put(&at, json).await?;
         self.feed.restart(commit);
-        tracing::info!(replica = %self.target.url, generation = %name, commit, bytes = snapshot_bytes, "replica: new generation");
+        tracing::info!(replica = %self.target.shown(), generation = %name, commit, bytes = snapshot_bytes, "replica: new generation");
         // The store says which generation it ships to, in a commit this generation ships.
         if let Err(e) = record_generation(self.fs.store(), &self.target.url, Some(&name)) {
-            tracing::warn!(replica = %self.target.url, error = %e, "replica: cannot record the generation in the store; the next mount starts a new one");
+            tracing::warn!(replica = %self.target.shown(), error = %e, "replica: cannot record the generation in the store; the next mount starts a new one");
         }
         self.generation = Some(Generation {
             name,
@@ -419,6 +712,7 @@ impl Shipper {
             shipped: commit,
             started_ns,
         });
+        self.checked = Some(Instant::now());
         let mut lag = lock(&self.lag);
         lag.generation = Some(manifest.generation);
         lag.shipped_commit = commit;
@@ -443,12 +737,15 @@ impl Shipper {
             self.target.put(&path, bytes).await?;
             return Ok(size);
         }
-        let upload = self
-            .target
-            .store
-            .put_multipart(&path)
-            .await
-            .map_err(|e| e.to_string())?;
+        let what = format!("uploading {path}");
+        let upload = super::bounded(&what, async {
+            self.target
+                .store
+                .put_multipart(&path)
+                .await
+                .map_err(super::err)
+        })
+        .await?;
         let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
         let mut buf = vec![0u8; PART_BYTES];
         loop {
@@ -456,10 +753,13 @@ impl Shipper {
             if n == 0 {
                 break;
             }
-            w.wait_for_capacity(4).await.map_err(|e| e.to_string())?;
+            super::bounded(&what, async {
+                w.wait_for_capacity(4).await.map_err(super::err)
+            })
+            .await?;
             w.write(&buf[..n]);
         }
-        w.finish().await.map_err(|e| e.to_string())?;
+        super::bounded(&what, async { w.finish().await.map_err(super::err) }).await?;
         Ok(size)
     }
 
@@ -474,13 +774,19 @@ impl Shipper {
                 // Everything older than the current generation may go only by `keep`.
             } else if covered {
                 self.target.remove_generation(name).await?;
-                tracing::info!(replica = %self.target.url, generation = %name, "replica: removed an old generation");
+                tracing::info!(replica = %self.target.shown(), generation = %name, "replica: removed an old generation");
                 continue;
             }
             let old = started_of(name).is_some_and(|t| t < cutoff);
             if old && self.target.manifest(name).await?.is_some() {
                 covered = true;
             }
+        }
+        // Every mount takes an epoch: those older than every generation left judge nothing
+        // any more (a generation's segments are of its epoch or later).
+        let names = self.target.generation_names().await?;
+        if let Some(oldest) = names.iter().map(|n| super::epoch_of_generation(n)).min() {
+            epoch::prune(&self.target, oldest).await?;
         }
         Ok(())
     }

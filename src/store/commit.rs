@@ -91,7 +91,7 @@ impl Store {
         if self.checkpoint_is_last() {
             return Ok(self.commits.load(Ordering::Acquire));
         }
-        let mut w = self.write()?;
+        let mut w = self.write_any()?;
         w.without_history();
         w.commit_checkpoint()
     }

@@ -31,23 +31,12 @@ impl Store {
         Ok(())
     }
 
-    /// The name of process `pid`, cached for a second (a burst of commits from one process
-    /// reads /proc once).
+    /// The name of process `pid` now, from the same read of /proc that gives its start
+    /// time: never a name cached for the pid, which a new process may have been handed since.
     fn process_name(&self, pid: u32) -> String {
-        let mut cache = self.comms.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((name, at)) = cache.get(&pid)
-            && at.elapsed() < std::time::Duration::from_secs(1)
-        {
-            return name.clone();
-        }
-        if cache.len() > 1024 {
-            cache.clear();
-        }
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|s| s.trim_end().to_string())
-            .unwrap_or_default();
-        cache.insert(pid, (name.clone(), std::time::Instant::now()));
-        name
+        crate::process::stat(pid)
+            .map(|s| s.name)
+            .unwrap_or_default()
     }
 
     /// Drops every history record to make room on a full disk: current content comes first.

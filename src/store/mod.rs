@@ -23,6 +23,7 @@ mod copy;
 #[doc(hidden)]
 pub mod disk;
 pub mod fault;
+mod follow;
 mod history;
 mod open;
 mod past;
@@ -36,7 +37,6 @@ pub mod sim;
 pub mod wal;
 mod write;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, OnceLock};
@@ -44,13 +44,15 @@ use std::sync::{Mutex, OnceLock};
 use redb::Database;
 
 pub use copy::CopyStats;
+pub use follow::Changed;
 pub use history::LogCursor;
 pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
-    Attached, Batch, Feed, MAX_SHIPPED_RECORD, Record, apply_records, decode_segment,
-    encode_segment, record_time,
+    Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,
+    SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,
+    record_time,
 };
 pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
 pub use write::{OpInfo, WriteTxn};
@@ -186,8 +188,6 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
-    /// Process names by pid, for history records (read from /proc once per burst).
-    comms: Mutex<HashMap<u32, (String, std::time::Instant)>>,
     /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
     commit_steps: AtomicU64,
     /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
@@ -199,6 +199,9 @@ pub struct Store {
     /// The replicas' queues of committed records (see `replica`) and where the store was
     /// when they started; set once, when a replicated mount opens the store.
     feeds: OnceLock<replica::Attached>,
+    /// Why `write` refuses although the file is writable (a follower's store, which only its
+    /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
+    frozen: Mutex<Option<String>>,
 }
 
 impl Store {
@@ -224,9 +227,10 @@ impl Store {
         self.writable_db_mut()?.check_integrity().map_err(map_err)
     }
 
-    /// Whether the store was opened read-only (`Store::open_read_only`).
+    /// Whether the store refuses changes: opened read-only (`Store::open_read_only`), or
+    /// frozen (`Store::freeze`).
     pub fn is_read_only(&self) -> bool {
-        matches!(self.db, Engine::ReadOnly(_))
+        matches!(self.db, Engine::ReadOnly(_)) || self.frozen().is_some()
     }
 
     fn writable_db(&self) -> Result<&Database, StoreError> {

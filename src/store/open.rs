@@ -4,7 +4,6 @@
 //! Invariant kept here: nothing commits before recovery has applied the log, and the log is
 //! removed only after a checkpoint that covers every record in it succeeded.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -71,12 +70,12 @@ impl Store {
             wal: OnceLock::new(),
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
-            comms: Mutex::new(HashMap::new()),
             commit_steps: AtomicU64::new(0),
             preflush: OnceLock::new(),
             preflushing: Default::default(),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
+            frozen: Mutex::new(None),
         }
     }
 
@@ -326,7 +325,7 @@ impl Store {
         };
         wal.check()?;
         if !self.checkpoint_is_last() {
-            let mut w = self.write()?;
+            let mut w = self.write_any()?;
             w.without_history();
             w.commit_checkpoint()?;
         }

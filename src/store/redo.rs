@@ -49,8 +49,156 @@ impl Redo {
     }
 }
 
-/// Applies one log record's changes to `tx`.
+/// The byte form a table's keys or values must have (redb's encoding of the type; its
+/// `from_bytes` panics on any other).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// A fixed-width type (`u64`, `(u64, u64)`, `(u64, u8)`, `()`): exactly this many bytes.
+    Fixed(usize),
+    /// `&[u8]`: any bytes.
+    Bytes,
+    /// `&str`: UTF-8.
+    Str,
+    /// `(u64, &str)`: a u64, then UTF-8 to the end (redb gives the last element of a tuple no
+    /// length).
+    U64Str,
+    /// `(&[u8], u64)`: redb's length of the first element (a varint: one byte below 254, or
+    /// 254 and a u16, or 255 and a u32, little-endian), the bytes, then a u64.
+    BytesU64,
+    /// `(&str, u64)`: as `BytesU64`, with UTF-8 as the first element.
+    StrU64,
+}
+
+/// The first element of a `(variable, u64)` tuple key: its bytes, when the length prefix and
+/// the u64 after them account for exactly `b`.
+fn leading_element(b: &[u8]) -> Option<&[u8]> {
+    let (len, at): (usize, usize) = match *b.first()? {
+        n @ 0..=253 => (usize::from(n), 1),
+        254 => (
+            usize::from(u16::from_le_bytes(b.get(1..3)?.try_into().ok()?)),
+            3,
+        ),
+        255 => (
+            usize::try_from(u32::from_le_bytes(b.get(1..5)?.try_into().ok()?)).ok()?,
+            5,
+        ),
+    };
+    let end = at.checked_add(len)?;
+    (end.checked_add(8)? == b.len()).then(|| &b[at..end])
+}
+
+impl Form {
+    fn admits(self, b: &[u8]) -> bool {
+        match self {
+            Form::Fixed(n) => b.len() == n,
+            Form::Bytes => true,
+            Form::Str => std::str::from_utf8(b).is_ok(),
+            Form::U64Str => b.len() >= 8 && std::str::from_utf8(&b[8..]).is_ok(),
+            Form::BytesU64 => leading_element(b).is_some(),
+            Form::StrU64 => leading_element(b).is_some_and(|e| std::str::from_utf8(e).is_ok()),
+        }
+    }
+}
+
+/// Every table a record may name, with the form of its keys and of its values.
+const TABLE_FORMS: [(&str, Form, Form); 13] = [
+    ("meta", Form::Str, Form::Bytes),
+    ("inodes", Form::Fixed(8), Form::Bytes),
+    ("dirents", Form::U64Str, Form::Fixed(9)),
+    ("filemap", Form::Fixed(16), Form::Fixed(8)),
+    ("blobs", Form::Fixed(8), Form::Bytes),
+    ("orphans", Form::Fixed(8), Form::Fixed(0)),
+    ("blobrefs", Form::Fixed(8), Form::Fixed(8)),
+    ("history", Form::Fixed(8), Form::Bytes),
+    ("marks", Form::Str, Form::Fixed(8)),
+    ("redacted", Form::Fixed(8), Form::Fixed(0)),
+    ("history_keys", Form::BytesU64, Form::Bytes),
+    ("history_paths", Form::StrU64, Form::Fixed(0)),
+    ("history_times", Form::Fixed(16), Form::Fixed(0)),
+];
+
+/// Checks that a record decodes whole into entries redb can take: each a known operation on
+/// a known table, with a key and a value of the byte form that table's types have. Replaying
+/// a record that passes never panics in redb; one that fails is refused with the offset of the
+/// entry at fault, within the record, and why.
+pub fn check(payload: &[u8]) -> Result<(), (usize, String)> {
+    let mut c = Cursor {
+        bytes: payload,
+        at: 0,
+    };
+    while c.at < payload.len() {
+        let start = c.at;
+        let cut = |what: &str| (start, format!("an entry is cut short in its {what}"));
+        let op = c.take(1).ok_or_else(|| cut("operation"))?[0];
+        if op != REDO_PUT && op != REDO_DEL {
+            return Err((start, format!("unknown operation {op}")));
+        }
+        let name_len = c.take(1).ok_or_else(|| cut("table name"))?[0] as usize;
+        let name = c.take(name_len).ok_or_else(|| cut("table name"))?;
+        let table = String::from_utf8_lossy(name);
+        let Some(&(_, key_form, value_form)) = TABLE_FORMS.iter().find(|t| t.0.as_bytes() == name)
+        else {
+            return Err((start, format!("unknown table {table:?}")));
+        };
+        let key = c.take_counted().ok_or_else(|| cut("key"))?;
+        if !key_form.admits(key) {
+            let n = key.len();
+            return Err((
+                start,
+                format!("a key of {n} bytes does not fit table {table}"),
+            ));
+        }
+        if op == REDO_PUT {
+            let value = c.take_counted().ok_or_else(|| cut("value"))?;
+            if !value_form.admits(value) {
+                let n = value.len();
+                return Err((
+                    start,
+                    format!("a value of {n} bytes does not fit table {table}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a record's entries from the front.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let got = self.bytes.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(got)
+    }
+
+    /// A u32 length, then that many bytes.
+    fn take_counted(&mut self) -> Option<&'a [u8]> {
+        let n = self.take(4)?;
+        self.take(u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize)
+    }
+}
+
+/// Applies one log record's changes to `tx`; a record that does not pass `check` is refused
+/// before any of it is applied.
 pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), StoreError> {
+    replay_noting(tx, payload, &mut |_, _| {})
+}
+
+/// `replay`, telling `note` the table and key of every change it applies.
+pub(super) fn replay_noting(
+    tx: &redb::WriteTransaction,
+    payload: &[u8],
+    note: &mut dyn FnMut(&str, &[u8]),
+) -> Result<(), StoreError> {
+    check(payload).map_err(|(at, why)| {
+        StoreError::Corrupt(format!(
+            "a record of the log does not decode at byte {at}: {why}"
+        ))
+    })?;
     let bad = || StoreError::Corrupt("a record of the log does not decode".into());
     let mut rest = payload;
     let mut take = |n: usize| -> Result<&[u8], StoreError> {
@@ -96,6 +244,7 @@ pub(super) fn replay(tx: &redb::WriteTransaction, payload: &[u8]) -> Result<(), 
                 "the log names a table this build does not know: {other}"
             ))),
         }?;
+        note(&name, &key);
     }
     Ok(())
 }

@@ -142,7 +142,8 @@ impl Feed {
                     Batch::Records(out)
                 };
             };
-            size += r.len();
+            // Headers count too: a segment of `max_bytes` stays within `MAX_SEGMENT_BYTES`.
+            size += r.len() + wal::HEADER;
             out.push((seq, r.clone()));
         }
         Batch::Records(out)
@@ -213,6 +214,15 @@ impl ReadTxn {
     }
 }
 
+/// A shipper puts about this much in one segment: it stops adding records once a segment
+/// holds this many bytes (headers included), so one more record may take it past.
+pub const SEGMENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// The largest segment a shipper ever writes (`SEGMENT_BYTES` and one record of
+/// `MAX_SHIPPED_RECORD`, with room for headers): a replica's listing saying more is refused
+/// before anything is read.
+pub const MAX_SEGMENT_BYTES: u64 = (SEGMENT_BYTES + MAX_SHIPPED_RECORD + 1024 * 1024) as u64;
+
 /// A segment: `records` in the log's record layout under log id `id`.
 pub fn encode_segment<'a>(
     id: u64,
@@ -225,12 +235,108 @@ pub fn encode_segment<'a>(
     buf
 }
 
-/// The records of a segment written under log id `id`: None unless every byte of it is whole
-/// records that verify and follow each other.
-pub fn decode_segment(id: u64, bytes: &[u8]) -> Option<Vec<(u64, Vec<u8>)>> {
-    let records = wal::parse(bytes, id);
-    let used: usize = records.iter().map(|r| r.1.len() + 24).sum();
-    (used == bytes.len()).then_some(records)
+/// A commit's record as read from a replica, verified: it came from a segment whose every
+/// byte is whole records matching their checksums, numbered as the segment's name says, and
+/// its entries passed `redo::check` (known tables, keys and values of their types' byte
+/// form). Made only by `decode_segment`, so applying one never hands redb bytes it panics on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedRecord {
+    seq: u64,
+    payload: Vec<u8>,
+}
+
+impl VerifiedRecord {
+    /// The commit number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// When the commit committed (ns since the epoch), if the record says (a checkpoint's
+    /// does not).
+    pub fn time(&self) -> Option<i64> {
+        commit_time(&self.payload)
+    }
+
+    /// The record's changes (see `redo`), checked.
+    pub(super) fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The payload's size in bytes.
+    pub fn len(&self) -> usize {
+        self.payload.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.payload.is_empty()
+    }
+}
+
+/// Why a segment was refused: the byte offset in it where the fault is, and what it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentFault {
+    pub offset: u64,
+    pub reason: String,
+}
+
+impl std::fmt::Display for SegmentFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at byte {}: {}", self.offset, self.reason)
+    }
+}
+
+/// Decodes and verifies the segment holding commits `first..=last` written under log id
+/// `id`: every byte must be whole records that match their checksums, numbered `first` to
+/// `last` without a gap, each of at most `MAX_SHIPPED_RECORD` bytes and passing
+/// `redo::check`. The first fault refuses the whole segment.
+pub fn decode_segment(
+    id: u64,
+    bytes: &[u8],
+    first: u64,
+    last: u64,
+) -> Result<Vec<VerifiedRecord>, SegmentFault> {
+    let fault = |offset: usize, reason: String| SegmentFault {
+        offset: offset as u64,
+        reason,
+    };
+    if (bytes.len() as u64) > MAX_SEGMENT_BYTES {
+        return Err(fault(
+            0,
+            format!(
+                "{} bytes, over the limit of {MAX_SEGMENT_BYTES}",
+                bytes.len()
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let mut next = first;
+    while at < bytes.len() {
+        let (seq, payload, used) =
+            wal::record_at(&bytes[at..], id, MAX_SHIPPED_RECORD).map_err(|e| fault(at, e))?;
+        if seq != next || seq > last {
+            return Err(fault(
+                at,
+                format!("record {seq} where record {next} belongs"),
+            ));
+        }
+        super::redo::check(payload)
+            .map_err(|(off, why)| fault(at + wal::HEADER + off, format!("record {seq}: {why}")))?;
+        out.push(VerifiedRecord {
+            seq,
+            payload: payload.to_vec(),
+        });
+        at += used;
+        next = seq.saturating_add(1);
+    }
+    match out.last() {
+        Some(r) if r.seq == last => Ok(out),
+        Some(r) => Err(fault(
+            at,
+            format!("ends at record {} where its name says {last}", r.seq),
+        )),
+        None => Err(fault(0, "holds no record".into())),
+    }
 }
 
 /// When a record's transaction committed (ns since the epoch), if it says.
@@ -238,29 +344,71 @@ pub fn record_time(payload: &[u8]) -> Option<i64> {
     commit_time(payload)
 }
 
-/// Applies `records` (in order, following the commit the store file at `path` holds) to that
-/// file, in one durable transaction; the file then holds the last one's commit number and no
-/// log belongs to it. The file must not be open elsewhere.
-pub fn apply_records(path: &Path, records: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-    let db = Database::builder().open(path).map_err(map_err)?;
+/// Applies verified `records` (in order, following the commit `db` holds) in one write
+/// transaction, durable if asked; `db` then holds the last one's commit number and no log
+/// belongs to it. With no records the transaction still says so.
+pub fn apply_verified(
+    db: &Database,
+    records: &[VerifiedRecord],
+    durable: bool,
+) -> Result<(), StoreError> {
     let mut tx = db.begin_write().map_err(map_err)?;
-    let mut last = None;
-    for (seq, payload) in records {
-        replay(&tx, payload)?;
-        last = Some(*seq);
+    for r in records {
+        replay(&tx, &r.payload)?;
     }
     {
         let mut meta = tx.open_table(META).map_err(map_err)?;
-        if let Some(last) = last {
-            meta.insert(META_LOG_SEQ, last.to_le_bytes().as_slice())
+        if let Some(last) = records.last() {
+            meta.insert(META_LOG_SEQ, last.seq.to_le_bytes().as_slice())
                 .map_err(map_err)?;
         }
         meta.remove(META_LOG_ID).map_err(map_err)?;
     }
-    tx.set_durability(redb::Durability::Immediate)
+    let durability = if durable {
+        redb::Durability::Immediate
+    } else {
+        redb::Durability::None
+    };
+    tx.set_durability(durability)
         .map_err(|e| StoreError::Io(e.to_string()))?;
     tx.commit().map_err(map_err)?;
     Ok(())
+}
+
+/// A store file rebuilt from a replica: its snapshot, opened once, with verified records
+/// applied batch after batch (each in a transaction of its own, not yet durable) and made
+/// durable by `finish`. The file must not be open elsewhere.
+pub struct Rebuild {
+    db: Database,
+}
+
+impl Rebuild {
+    pub fn open(path: &Path) -> Result<Rebuild, StoreError> {
+        let mut builder = Database::builder();
+        // As a store's own: the hot pages, not the whole file.
+        builder.set_cache_size(super::CACHE_BYTES);
+        Ok(Rebuild {
+            db: builder.open(path).map_err(map_err)?,
+        })
+    }
+
+    /// Applies the next batch, following the last.
+    pub fn apply(&mut self, records: &[VerifiedRecord]) -> Result<(), StoreError> {
+        apply_verified(&self.db, records, false)
+    }
+
+    /// One durable commit over everything applied; the file is closed.
+    pub fn finish(self) -> Result<(), StoreError> {
+        apply_verified(&self.db, &[], true)
+    }
+}
+
+/// Applies verified `records` to the store file at `path` in one durable transaction (see
+/// `apply_verified`). The file must not be open elsewhere.
+pub fn apply_records(path: &Path, records: &[VerifiedRecord]) -> Result<(), StoreError> {
+    let mut r = Rebuild::open(path)?;
+    r.apply(records)?;
+    r.finish()
 }
 
 #[cfg(test)]
@@ -314,12 +462,130 @@ mod tests {
         assert!(Arc::ptr_eq(&a[0].1, &b[0].1), "one record for both feeds");
     }
 
+    /// A redo entry putting `value` under `key` in `table`.
+    fn put(table: &str, key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut e = vec![1, table.len() as u8];
+        e.extend_from_slice(table.as_bytes());
+        e.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        e.extend_from_slice(key);
+        e.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        e.extend_from_slice(value);
+        e
+    }
+
     #[test]
     fn a_segment_decodes_only_whole() {
-        let recs = vec![(7, b"seven".to_vec()), (8, vec![1u8; 1000])];
+        let recs = vec![
+            (7, put("blobs", &7u64.to_le_bytes(), b"seven")),
+            (8, put("inodes", &8u64.to_le_bytes(), &[1u8; 1000])),
+        ];
         let seg = encode_segment(42, recs.iter().map(|r| (r.0, r.1.as_slice())));
-        assert_eq!(decode_segment(42, &seg), Some(recs));
-        assert_eq!(decode_segment(43, &seg), None, "another generation's id");
-        assert_eq!(decode_segment(42, &seg[..seg.len() - 1]), None, "torn");
+        let got = decode_segment(42, &seg, 7, 8).unwrap();
+        assert_eq!(
+            got.iter()
+                .map(|r| (r.seq, r.payload.clone()))
+                .collect::<Vec<_>>(),
+            recs
+        );
+        let fault = decode_segment(43, &seg, 7, 8).unwrap_err();
+        assert!(
+            fault.reason.contains("checksum"),
+            "another generation's id: {fault}"
+        );
+        let fault = decode_segment(42, &seg[..seg.len() - 1], 7, 8).unwrap_err();
+        assert_eq!(
+            fault.offset,
+            (seg.len() - 1024 - 24) as u64,
+            "torn: {fault}"
+        );
+        assert!(
+            decode_segment(42, &seg, 7, 9).is_err(),
+            "the name says more"
+        );
+        assert!(
+            decode_segment(42, &seg, 6, 8).is_err(),
+            "the name says less"
+        );
+        assert!(decode_segment(42, &[], 7, 7).is_err(), "empty");
+    }
+
+    /// Entries redb would panic on (a key of the wrong width, a name that is not UTF-8, an
+    /// unknown table) are refused with where they are.
+    #[test]
+    fn a_record_redb_cannot_take_is_refused_with_its_offset() {
+        let good = put("inodes", &1u64.to_le_bytes(), b"x");
+        for (bad, why) in [
+            (put("inodes", &[1, 2, 3], b"x"), "does not fit table inodes"),
+            (put("meta", &[0xff, 0xfe], b"x"), "does not fit table meta"),
+            (
+                put("dirents", &[0; 7], &[0; 9]),
+                "does not fit table dirents",
+            ),
+            (
+                put("dirents", &[0; 8], &[0; 8]),
+                "does not fit table dirents",
+            ),
+            (put("nope", &[0; 8], b""), "unknown table"),
+            (vec![9, 0], "unknown operation"),
+            (good[..good.len() - 1].to_vec(), "cut short"),
+        ] {
+            let payload = [good.clone(), bad].concat();
+            let seg = encode_segment(5, [(3, payload.as_slice())].into_iter());
+            let fault = decode_segment(5, &seg, 3, 3).unwrap_err();
+            assert!(fault.reason.contains(why), "{fault}");
+            assert_eq!(fault.offset, (24 + good.len()) as u64, "{fault}");
+        }
+    }
+
+    /// The forms `redo::check` admits are the byte forms of the tables' types in redb.
+    #[test]
+    fn the_checked_forms_are_redbs_encodings() {
+        use redb::{Key, Value};
+        type Dirent<'a> = <(u64, &'a str) as Value>::SelfType<'a>;
+        let key: Dirent = (7, "name");
+        let bytes = <(u64, &str)>::as_bytes(&key);
+        assert_eq!(bytes.as_ref(), [&7u64.to_le_bytes()[..], b"name"].concat());
+        assert_eq!(<(u64, u8)>::fixed_width(), Some(9));
+        assert_eq!(<(u64, u64)>::fixed_width(), Some(16));
+        assert_eq!(<()>::fixed_width(), Some(0));
+        assert_eq!(<(i64, u64)>::fixed_width(), Some(16));
+        // The history indexes' keys: a length-prefixed first element, then the u64; every
+        // length of prefix is admitted exactly as redb writes it, and nothing else.
+        for n in [0usize, 3, 253, 254, 300, 70_000] {
+            let name = "n".repeat(n);
+            let k = <(&[u8], u64)>::as_bytes(&(name.as_bytes(), 9));
+            assert!(
+                super::super::redo::check(&put("history_keys", &k, b"v")).is_ok(),
+                "{n}"
+            );
+            let k = <(&str, u64)>::as_bytes(&(name.as_str(), 9));
+            assert!(
+                super::super::redo::check(&put("history_paths", &k, b"")).is_ok(),
+                "{n}"
+            );
+            let mut cut = k.clone();
+            cut.pop();
+            assert!(super::super::redo::check(&put("history_paths", &cut, b"")).is_err());
+        }
+        let _ = <u64 as Key>::compare;
+    }
+
+    /// Records applied to a store file land in one transaction with the last commit number.
+    #[test]
+    fn verified_records_apply_to_a_store_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        drop(Store::open_or_create(&path, (0, 0)).unwrap());
+        let payload = put("meta", b"note", b"hello");
+        let seg = encode_segment(9, [(1_000, payload.as_slice())].into_iter());
+        let recs = decode_segment(9, &seg, 1_000, 1_000).unwrap();
+        apply_records(&path, &recs).unwrap();
+        let s = Store::open_existing(&path).unwrap();
+        let r = s.read().unwrap();
+        assert_eq!(
+            r.meta_bytes("note").unwrap().as_deref(),
+            Some(&b"hello"[..])
+        );
+        assert_eq!(r.commit_number().unwrap(), 1_000);
     }
 }

@@ -16,6 +16,12 @@
 //!                                       "replica_generations" &[u8]: JSON object, replica URL
 //!                                       -> the generation this store ships to there, written
 //!                                       right after the generation starts; a restore removes it
+//!                                       "followed" &[u8]: JSON, a follower's replica URL,
+//!                                       generation and commit (`replica::follow::Followed`)
+//!                                       "fenced" &[u8]: JSON, the replica URLs whose writer
+//!                                       role a newer writer took from this store
+//!                                       "replica_roles" &[u8]: JSON, URL -> the epoch this
+//!                                       store last held there, its host and path
 //! inodes   u64 ino         -> &[u8]     an `Inode` record (below); ino 1 is the root
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
@@ -128,6 +134,18 @@ pub(crate) const META_CREATED: &str = "created";
 pub const META_LIMITS: &str = "limits";
 pub const META_REPLICAS: &str = "replicas";
 pub const META_REPLICA_GENERATIONS: &str = "replica_generations";
+/// A follower's store: the replica it follows, the generation and the commit it holds (JSON,
+/// see `replica::follow::Followed`); a takeover reads it (where the history it continues
+/// stands), then removes it.
+pub const META_FOLLOWED: &str = "followed";
+/// A writer fenced by a newer one: the replica URL, the epoch that took over and the last
+/// commit of this store the replica keeps (JSON, see `replica::epoch::Fenced`); until a
+/// takeover removes it, this store takes no writer role at that URL.
+pub const META_FENCED: &str = "fenced";
+/// The writer role this store took last at each replica URL, with the host and path it was
+/// taken from (JSON, see `replica::epoch::Roles`): a store taken over while it held the role
+/// learns it at its next mount.
+pub const META_ROLES: &str = "replica_roles";
 pub(crate) const META_HISTORY_NEXT: &str = "history_next";
 pub(crate) const META_KEEP_HISTORY: &str = "keep_history";
 pub(crate) const META_LOG_SEQ: &str = "log_seq";

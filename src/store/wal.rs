@@ -39,7 +39,7 @@ pub(super) const LOG_BYTES: u64 = 4 * 1024 * 1024;
 /// A transaction whose record would be larger commits as a checkpoint instead.
 pub(super) const MAX_RECORD: usize = 512 * 1024;
 const MAGIC: &[u8; 4] = b"RWAL";
-const HEADER: usize = 24;
+pub(super) const HEADER: usize = 24;
 
 /// The log file next to the store file `store`.
 pub fn path_of(store: &Path) -> PathBuf {
@@ -113,6 +113,40 @@ pub(super) fn parse(bytes: &[u8], id: u64) -> Vec<(u64, Vec<u8>)> {
         at += HEADER + len;
     }
     out
+}
+
+/// The record at the start of `bytes`, written under log `id` with a payload of at most
+/// `max_len` bytes: its number, its payload and the bytes it takes; why not otherwise. The
+/// length is checked against `max_len` before it is used.
+pub(super) fn record_at(
+    bytes: &[u8],
+    id: u64,
+    max_len: usize,
+) -> Result<(u64, &[u8], usize), String> {
+    let Some(h) = bytes.get(..HEADER) else {
+        return Err(format!(
+            "a record header is cut short ({} bytes)",
+            bytes.len()
+        ));
+    };
+    if &h[0..4] != MAGIC {
+        return Err("not a record header".into());
+    }
+    let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]) as usize;
+    let seq = u64::from_le_bytes(h[8..16].try_into().unwrap_or_default());
+    let sum = u64::from_le_bytes(h[16..24].try_into().unwrap_or_default());
+    if len > max_len {
+        return Err(format!(
+            "a record of {len} bytes, over the limit of {max_len}"
+        ));
+    }
+    let Some(payload) = bytes.get(HEADER..HEADER + len) else {
+        return Err(format!("record {seq} is cut short"));
+    };
+    if hash(id, seq, payload) != sum {
+        return Err(format!("record {seq} does not match its checksum"));
+    }
+    Ok((seq, payload, HEADER + len))
 }
 
 /// Appends one record to `buf`.

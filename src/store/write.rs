@@ -73,8 +73,17 @@ pub struct WriteTxn<'s> {
 }
 
 impl Store {
-    /// Begins a write transaction, waiting for any other writer to finish.
+    /// Begins a write transaction, waiting for any other writer to finish. Refused on a
+    /// store opened read-only or frozen.
     pub fn write(&self) -> Result<WriteTxn<'_>, StoreError> {
+        if self.frozen().is_some() {
+            return Err(StoreError::ReadOnly);
+        }
+        self.write_any()
+    }
+
+    /// `write`, on a frozen store too: a checkpoint changes nothing the store holds.
+    pub(super) fn write_any(&self) -> Result<WriteTxn<'_>, StoreError> {
         let tx = self.writable_db()?.begin_write().map_err(|e| {
             let e = map_err(e);
             // An I/O error inside an earlier transaction (not only at its commit: redb may

@@ -47,8 +47,9 @@ fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A restored store claims no replica's generation (see `replica::config::disown`).
-fn disown_on(disk: &Disk, path: &Path) -> Result<()> {
+/// A restored store ships nowhere and claims no replica's generation (see
+/// `replica::config::disown`); the replica URLs it had.
+fn disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
     let s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
     crate::replica::config::disown(&s).map_err(err)
 }
@@ -119,6 +120,15 @@ pub fn restore(
     restore_on(&Disk::Host, snapshot_path, store, discard_current)
 }
 
+/// `restore`, also returning the replica URLs the restored store had and no longer ships to.
+pub fn restore_dropping(
+    snapshot_path: &Path,
+    store: &Path,
+    discard_current: bool,
+) -> Result<(Option<PathBuf>, Vec<String>)> {
+    restore_dropping_on(&Disk::Host, snapshot_path, store, discard_current)
+}
+
 /// `restore` on `disk` (the power-cut tests run it on a simulated disk).
 #[doc(hidden)]
 pub fn restore_on(
@@ -127,15 +137,26 @@ pub fn restore_on(
     store: &Path,
     discard_current: bool,
 ) -> Result<Option<PathBuf>> {
+    restore_dropping_on(disk, snapshot_path, store, discard_current).map(|r| r.0)
+}
+
+fn restore_dropping_on(
+    disk: &Disk,
+    snapshot_path: &Path,
+    store: &Path,
+    discard_current: bool,
+) -> Result<(Option<PathBuf>, Vec<String>)> {
     crate::private::check_store_dir(store)?;
     let dir = parent_dir(store);
     let tmp = dir.join(format!(".restore-tmp-{}", std::process::id()));
     let _ = disk.remove(&tmp);
     // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
     // check may write to the file it checks) and then put in place.
+    let mut dropped = Vec::new();
     let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
         verify_on(disk, &tmp)
             .and_then(|()| disown_on(disk, &tmp))
+            .map(|urls| dropped = urls)
             .map_err(|e| {
                 e.replace(
                     &tmp.display().to_string(),
@@ -174,5 +195,5 @@ pub fn restore_on(
         .map_err(|e| format!("{}: {e}", store.display()))?;
     disk.sync_dir(&dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?;
-    Ok(kept)
+    Ok((kept, dropped))
 }

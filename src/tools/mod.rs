@@ -15,7 +15,7 @@ mod maintenance;
 mod request;
 mod transfer;
 
-pub use backup::{SnapshotInfo, restore, restore_on, snapshot, verify};
+pub use backup::{SnapshotInfo, restore, restore_dropping, restore_on, snapshot, verify};
 pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
 pub use history::{at_point, diff, resolve_point, show_at};
 pub use inspection::{DuInfo, StatsInfo, cat, du, ls, stats};

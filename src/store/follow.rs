@@ -1,0 +1,346 @@
+//! What a follower (`crate::replica::follow`) does to its private store: apply a batch of
+//! shipped records, or become a new generation's snapshot, each in one durable transaction,
+//! and say which directory entries and inodes it changed so the kernel's caches can be told.
+//! And the freeze: a follower's store, or a writer fenced by a newer one, refuses every change
+//! through `Store::write` while the follower goes on applying here.
+//!
+//! Invariant kept here: a reader sees the store before a batch or after it, never between
+//! (one redb transaction each), and the store's commit number is the last record applied, so
+//! the store is exactly the replica's state at that commit (but for the follower's own
+//! `meta` keys, written in the same transaction).
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+
+use super::redo::replay_noting;
+use super::schema::*;
+use super::{Store, StoreError, VerifiedRecord, map_err};
+
+/// What a transaction applied from a replica changed: the entries (parent, name) added,
+/// removed or replaced, and the inodes whose attributes or content changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    pub dirents: Vec<(u64, String)>,
+    pub inodes: Vec<u64>,
+}
+
+impl Changed {
+    /// Notes a change to `key` of `table` (in redb's byte encoding of the table's key).
+    fn note(&mut self, table: &str, key: &[u8]) {
+        let u64_at = |at: usize| {
+            key.get(at..at + 8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_le_bytes)
+        };
+        match table {
+            "inodes" if key.len() == 8 => self.inodes.extend(u64_at(0)),
+            // (ino, chunk index): the file's content.
+            "filemap" if key.len() == 16 => self.inodes.extend(u64_at(0)),
+            // (parent, name): a fixed-width u64, then the name's bytes.
+            "dirents" => {
+                if let (Some(parent), Some(name)) = (
+                    u64_at(0),
+                    key.get(8..).and_then(|n| std::str::from_utf8(n).ok()),
+                ) {
+                    self.dirents.push((parent, name.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(mut self) -> Changed {
+        self.inodes.sort_unstable();
+        self.inodes.dedup();
+        self.dirents.sort_unstable();
+        self.dirents.dedup();
+        self
+    }
+}
+
+impl Store {
+    /// From now on `write` refuses (`StoreError::ReadOnly`, EROFS at the mount) for the reason
+    /// given; reads carry on, and so does a follower's `apply_shipped`.
+    pub fn freeze(&self, why: String) {
+        *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Puts `key` in `meta` in a durable transaction of its own that takes no commit number
+    /// and reaches no replica: a note about this copy of the store (a fenced writer's), on a
+    /// frozen store too.
+    pub fn note_locally(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        tx.open_table(META)
+            .map_err(map_err)?
+            .insert(key, value)
+            .map_err(map_err)?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)
+    }
+
+    /// Why the store was frozen, if it was.
+    pub fn frozen(&self) -> Option<String> {
+        self.frozen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies verified `records` (in order, the first following this store's last commit)
+    /// in one durable transaction, with the follower's own `meta` keys `local` put in it too; the
+    /// store then holds the last record's commit number. What the batch changed.
+    pub fn apply_shipped(
+        &self,
+        records: &[VerifiedRecord],
+        local: &[(&str, Vec<u8>)],
+    ) -> Result<Changed, StoreError> {
+        let at = self.commits.load(Ordering::Acquire);
+        if let Some(first) = records.first().map(VerifiedRecord::seq)
+            && first != at + 1
+        {
+            return Err(StoreError::Corrupt(format!(
+                "a batch starting at commit {first} does not follow commit {at}"
+            )));
+        }
+        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let mut changed = Changed::default();
+        let mut last = at;
+        for r in records {
+            let seq = r.seq();
+            if seq != last + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "commit {seq} does not follow commit {last}"
+                )));
+            }
+            replay_noting(&tx, r.payload(), &mut |t, k| changed.note(t, k))?;
+            last = seq;
+        }
+        finish_meta(&tx, last, local)?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        self.commits.store(last, Ordering::Release);
+        Ok(changed.finish())
+    }
+
+    /// Makes this store hold exactly what the store file `snapshot` holds (a new generation's
+    /// snapshot, at its commit `commit`), in one durable transaction that changes only the keys
+    /// that differ, with `local` put in `meta` as in `apply_shipped`. What it changed.
+    pub fn become_snapshot(
+        &self,
+        snapshot: &Path,
+        commit: u64,
+        local: &[(&str, Vec<u8>)],
+    ) -> Result<Changed, StoreError> {
+        let src = Database::builder().open(snapshot).map_err(map_err)?;
+        let src = src.begin_read().map_err(map_err)?;
+        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let mut changed = Changed::default();
+        let keep: Vec<&str> = local
+            .iter()
+            .map(|(k, _)| *k)
+            .chain([META_LOG_SEQ, META_LOG_ID])
+            .collect();
+        sync_table(&src, &tx, META, &mut |k| {
+            std::str::from_utf8(k).is_ok_and(|k| keep.contains(&k))
+        })?;
+        let note = |table: &str| {
+            let table = table.to_string();
+            move |changed: &mut Changed, k: &[u8]| changed.note(&table, k)
+        };
+        for (def, name) in [(INODES, "inodes"), (BLOBS, "blobs"), (HISTORY, "history")] {
+            let n = note(name);
+            sync_noting(&src, &tx, def, &mut changed, &n)?;
+        }
+        let n = note("dirents");
+        sync_noting(&src, &tx, DIRENTS, &mut changed, &n)?;
+        let n = note("filemap");
+        sync_noting(&src, &tx, FILEMAP, &mut changed, &n)?;
+        sync_table(&src, &tx, ORPHANS, &mut |_| false)?;
+        sync_table(&src, &tx, BLOBREFS, &mut |_| false)?;
+        sync_table(&src, &tx, MARKS, &mut |_| false)?;
+        sync_table(&src, &tx, REDACTED, &mut |_| false)?;
+        finish_meta(&tx, commit, local)?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        self.commits.store(commit, Ordering::Release);
+        Ok(changed.finish())
+    }
+}
+
+/// The store's commit number, the follower's own keys, and no log (none belongs to a
+/// follower's store, which never commits through one).
+fn finish_meta(
+    tx: &redb::WriteTransaction,
+    commit: u64,
+    local: &[(&str, Vec<u8>)],
+) -> Result<(), StoreError> {
+    let mut meta = tx.open_table(META).map_err(map_err)?;
+    meta.insert(META_LOG_SEQ, commit.to_le_bytes().as_slice())
+        .map_err(map_err)?;
+    meta.remove(META_LOG_ID).map_err(map_err)?;
+    for (k, v) in local {
+        meta.insert(*k, v.as_slice()).map_err(map_err)?;
+    }
+    Ok(())
+}
+
+/// `sync_table`, telling `note` every key it changed.
+fn sync_noting<K: redb::Key + 'static, V: redb::Value + 'static>(
+    src: &redb::ReadTransaction,
+    tx: &redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+    changed: &mut Changed,
+    note: &dyn Fn(&mut Changed, &[u8]),
+) -> Result<(), StoreError> {
+    let mut keys = Vec::new();
+    sync_table_keys(src, tx, def, &mut |_| false, &mut |k| keys.push(k.to_vec()))?;
+    for k in keys {
+        note(changed, &k);
+    }
+    Ok(())
+}
+
+fn sync_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    src: &redb::ReadTransaction,
+    tx: &redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+    skip: &mut dyn FnMut(&[u8]) -> bool,
+) -> Result<(), StoreError> {
+    sync_table_keys(src, tx, def, skip, &mut |_| {})
+}
+
+/// Makes table `def` of `tx` hold what it holds in `src`, keys for which `skip` says so left
+/// as they are: removes the keys `src` lacks, puts those whose value differs, and tells
+/// `changed` each key it removed or put. Memory: the keys removed, and one value at a time.
+fn sync_table_keys<K: redb::Key + 'static, V: redb::Value + 'static>(
+    src: &redb::ReadTransaction,
+    tx: &redb::WriteTransaction,
+    def: TableDefinition<K, V>,
+    skip: &mut dyn FnMut(&[u8]) -> bool,
+    changed: &mut dyn FnMut(&[u8]),
+) -> Result<(), StoreError> {
+    let mut dst = tx.open_table(def).map_err(map_err)?;
+    let from = match src.open_table(def) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(map_err(e)),
+    };
+    let mut gone = Vec::new();
+    for item in dst.iter().map_err(map_err)? {
+        let (k, _) = item.map_err(map_err)?;
+        let key = K::as_bytes(&k.value()).as_ref().to_vec();
+        if skip(&key) {
+            continue;
+        }
+        let kept = match &from {
+            Some(t) => t.get(K::from_bytes(&key)).map_err(map_err)?.is_some(),
+            None => false,
+        };
+        if !kept {
+            gone.push(key);
+        }
+    }
+    for key in gone {
+        dst.remove(K::from_bytes(&key)).map_err(map_err)?;
+        changed(&key);
+    }
+    let Some(from) = from else {
+        return Ok(());
+    };
+    for item in from.iter().map_err(map_err)? {
+        let (k, v) = item.map_err(map_err)?;
+        let key = K::as_bytes(&k.value()).as_ref().to_vec();
+        if skip(&key) {
+            continue;
+        }
+        let value = V::as_bytes(&v.value()).as_ref().to_vec();
+        let same = dst
+            .get(K::from_bytes(&key))
+            .map_err(map_err)?
+            .is_some_and(|old| V::as_bytes(&old.value()).as_ref() == value.as_slice());
+        if !same {
+            dst.insert(K::from_bytes(&key), V::from_bytes(&value))
+                .map_err(map_err)?;
+            changed(&key);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Inode, Kind, ROOT_INO, Sync};
+
+    /// The key layouts `Changed::note` reads are redb's own encodings of the tables' keys.
+    #[test]
+    fn changed_reads_redbs_key_encodings() {
+        let mut c = Changed::default();
+        let d = <(u64, &str) as redb::Value>::as_bytes(&(7, "notes.md"));
+        c.note("dirents", d.as_ref());
+        let f = <(u64, u64) as redb::Value>::as_bytes(&(9, 3));
+        c.note("filemap", f.as_ref());
+        c.note("inodes", &5u64.to_le_bytes());
+        c.note("blobs", &1u64.to_le_bytes());
+        let c = c.finish();
+        assert_eq!(c.dirents, vec![(7, "notes.md".to_string())]);
+        assert_eq!(c.inodes, vec![5, 9]);
+    }
+
+    /// A store made to become another's snapshot holds exactly its files, keeps its own keys,
+    /// and reports the entries and inodes that differed.
+    #[test]
+    fn a_store_becomes_a_snapshot_and_says_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str, files: &[(&str, &[u8])]| {
+            let s = Store::open_or_create(&dir.path().join(name), (0, 0)).unwrap();
+            for (n, content) in files {
+                let mut w = s.write().unwrap();
+                let ino = w.alloc_ino().unwrap();
+                let i = Inode {
+                    ino,
+                    kind: Kind::File,
+                    perm: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    size: content.len() as u64,
+                    nlink: 1,
+                    parent: ROOT_INO,
+                    atime: 1,
+                    mtime: 1,
+                    ctime: 1,
+                    crtime: 1,
+                    name: n.to_string(),
+                };
+                w.set_inode(ino, Some(&i)).unwrap();
+                w.set_dirent(ROOT_INO, n, Some((ino, Kind::File))).unwrap();
+                w.put_chunks(ino, [(0, *content)]).unwrap();
+                w.commit(Sync::Durable).unwrap();
+            }
+            s
+        };
+        let a = make("a.redb", &[("same", b"1"), ("gone", b"2")]);
+        let b = make("b.redb", &[("same", b"1"), ("new", b"3")]);
+        let r = b.read().unwrap();
+        let commit = r.commit_number().unwrap();
+        r.copy_to(&dir.path().join("snap.redb"), &mut |_| {})
+            .unwrap();
+        drop(r);
+        drop(b);
+        let changed = a
+            .become_snapshot(&dir.path().join("snap.redb"), commit, &[("mine", vec![1])])
+            .unwrap();
+        let names: Vec<&str> = changed.dirents.iter().map(|d| d.1.as_str()).collect();
+        assert_eq!(names, vec!["gone", "new"], "{changed:?}");
+        let r = a.read().unwrap();
+        assert!(r.lookup(ROOT_INO, "new").unwrap().is_some());
+        assert!(r.lookup(ROOT_INO, "gone").unwrap().is_none());
+        assert_eq!(r.commit_number().unwrap(), commit);
+        assert_eq!(r.meta_bytes("mine").unwrap(), Some(vec![1]));
+    }
+}

@@ -1,0 +1,1012 @@
+//! Memory shared across hosts: a writer ships to a replica URL, followers mount it read-only
+//! and keep current, one writer holds the URL at a time and a takeover fences the old one.
+//! Each "host" is a separate directory with its own store and daemon on this machine; the
+//! replica is a `file://` directory or the local S3 server (moto, from
+//! tests/replica/requirements.txt, installed by tests/clients/setup.sh).
+//!
+//! No timing is asserted: every wait for a follower is a bounded poll of `redbfs status`.
+//! `REDBFS_SEEDS` sets how many kill points the takeover test tries (20 by default).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Rng, fuse_available, redbfs_bin, seed_or};
+use serde_json::Value;
+
+type Tree = BTreeMap<String, Option<Vec<u8>>>;
+
+/// Files (with content) and directories under `root`.
+fn tree(root: &Path) -> Tree {
+    let mut out = Tree::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                out.insert(rel, None);
+                todo.push(p);
+            } else {
+                out.insert(rel, Some(std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// One "host": a directory with a store, a mountpoint and a daemon log.
+struct Host {
+    dir: tempfile::TempDir,
+    mp: PathBuf,
+    store: PathBuf,
+    env: Vec<(String, String)>,
+    mounted: bool,
+}
+
+impl Host {
+    fn new(env: &[(String, String)]) -> Host {
+        let dir = tempfile::Builder::new()
+            .prefix("redbfs-follow-")
+            .tempdir()
+            .unwrap();
+        Host {
+            mp: dir.path().join("mnt"),
+            store: dir.path().join("mnt.redb"),
+            dir,
+            env: env.to_vec(),
+            mounted: false,
+        }
+    }
+
+    /// A host whose store ships to `url` (mounted).
+    fn writer(url: &str, env: &[(String, String)]) -> Host {
+        let mut h = Host::new(env);
+        h.mount(&["--replica", url, "--replica-interval", "100ms"]);
+        h
+    }
+
+    /// A host following `url` (mounted).
+    fn follower(url: &str, env: &[(String, String)]) -> Host {
+        let mut h = Host::new(env);
+        h.mount(&["--follow", url, "--follow-interval", "100ms"]);
+        h
+    }
+
+    fn try_mount(&self, options: &[&str]) -> Output {
+        let log = self.dir.path().join("daemon.log");
+        let mut args = vec![
+            "mount",
+            self.mp.to_str().unwrap(),
+            "--store",
+            self.store.to_str().unwrap(),
+            "--log-file",
+            log.to_str().unwrap(),
+        ];
+        args.extend(options);
+        self.run(&args)
+    }
+
+    fn mount(&mut self, options: &[&str]) {
+        let out = self.try_mount(options);
+        assert!(
+            out.status.success(),
+            "mount {options:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        self.mounted = true;
+    }
+
+    fn unmount(&mut self) {
+        let out = self.run(&["unmount", self.mp.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "unmount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.mounted = false;
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(redbfs_bin())
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    fn status(&self) -> Value {
+        let out = self.run(&["status", self.mp.to_str().unwrap(), "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// Waits (bounded) until this writer's replica holds its last commit; returns it.
+    fn shipped(&self) -> u64 {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.status();
+            if s["replicas"][0]["commits_behind"] == 0 {
+                return s["replicas"][0]["shipped_commit"].as_u64().unwrap();
+            }
+            assert!(Instant::now() < until, "never shipped: {s}\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits (bounded) until this follower has applied commit `commit`.
+    fn reaches(&self, commit: u64) {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.status();
+            if s["follower"]["follower_commit"].as_u64().unwrap() >= commit {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the follower never reached commit {commit}: {s}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The daemon SIGKILLed, the mount detached; the store stays.
+    fn kill(&mut self) {
+        let pid = self.status()["pid"].as_u64().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
+        self.mounted = false;
+    }
+
+    /// `restore --from url [--at at]` on a fresh directory; the restored tree.
+    fn restore(&self, url: &str, at: Option<&str>) -> Tree {
+        let fresh = tempfile::tempdir().unwrap();
+        let store = fresh.path().join("restored.redb");
+        let mut args = vec!["restore", "--from", url, store.to_str().unwrap()];
+        if let Some(at) = at {
+            args.extend(["--at", at]);
+        }
+        let out = self.run(&args);
+        assert!(
+            out.status.success(),
+            "restore --from: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let export = fresh.path().join("export");
+        let out = self.run(&["export", store.to_str().unwrap(), export.to_str().unwrap()]);
+        assert!(out.status.success());
+        tree(&export)
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = self.run(&["unmount", self.mp.to_str().unwrap()]);
+        }
+    }
+}
+
+fn file_replica() -> (tempfile::TempDir, String) {
+    let rep = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/replica", rep.path().display());
+    (rep, url)
+}
+
+/// One operation of an agent's memory tool on the writer; `i` picks it.
+fn op(mp: &Path, i: usize) {
+    let d = mp.join("memories");
+    let name = |k: usize| d.join(format!("note-{}.md", k % 7));
+    match i % 5 {
+        0 | 1 => std::fs::write(name(i), format!("note {i}\n").repeat(i % 13 + 1)).unwrap(),
+        2 => {
+            let tmp = d.join(format!(".tmp-{i}"));
+            std::fs::write(&tmp, format!("replaced at {i}\n")).unwrap();
+            std::fs::rename(&tmp, name(i + 3)).unwrap();
+        }
+        3 => {
+            let _ = std::fs::remove_file(name(i + 1));
+        }
+        _ => std::fs::create_dir_all(d.join(format!("topic-{}", i % 4))).unwrap(),
+    }
+}
+
+const ME: redbfs::fs::Caller = redbfs::fs::Caller {
+    uid: 1000,
+    gid: 1000,
+    pid: 1,
+};
+
+/// The records the writer's feed holds after commit `after`, as a follower gets them: in a
+/// segment, decoded and verified.
+fn shipped_after(
+    feed: &redbfs::store::Feed,
+    after: u64,
+) -> (u64, Vec<redbfs::store::VerifiedRecord>) {
+    let redbfs::store::Batch::Records(records) = feed.take(after, usize::MAX) else {
+        panic!("the feed broke");
+    };
+    let (first, last) = (records[0].0, records[records.len() - 1].0);
+    let seg = redbfs::store::encode_segment(7, records.iter().map(|r| (r.0, r.1.as_slice())));
+    let verified = redbfs::store::decode_segment(7, &seg, first, last).unwrap();
+    (last, verified)
+}
+
+/// Without a mount: a follower's store (a copy of the writer's, frozen) applies each batch
+/// of the writer's commits in one transaction and says what it changed; a handle opened
+/// before a replace by rename keeps reading the version it opened (and fstat answers from
+/// it), the replaced inode answers ESTALE once let go, the name gives the new version, and
+/// every change is refused as read-only.
+#[test]
+fn a_followers_store_applies_batches_and_keeps_open_versions() {
+    use redbfs::fs::{Error, Fs, Limits, OpenMode};
+    use redbfs::store::{ROOT_INO, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Store::open_or_create(&dir.path().join("w.redb"), (1000, 1000)).unwrap();
+    let attached = ws.attach_feeds(1).unwrap();
+    let w = Fs::new(ws, Limits::default()).unwrap();
+    let copy = dir.path().join("f.redb");
+    w.store()
+        .read()
+        .unwrap()
+        .copy_to(&copy, &mut |_| {})
+        .unwrap();
+    let fstore = Store::open_existing(&copy).unwrap();
+    fstore.freeze("a follower".into());
+    let f = Fs::new(fstore, Limits::default()).unwrap();
+    let write = |name: &str, data: &[u8]| {
+        let (inode, fh) = w
+            .create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
+            .unwrap();
+        w.write(ME, fh, 0, data).unwrap();
+        w.flush(fh).unwrap();
+        w.release(fh).unwrap();
+        w.forget(inode.ino, 1);
+    };
+    let feed = &attached.feeds[0];
+
+    write("a.md", b"first version");
+    let (at, batch) = shipped_after(feed, attached.from);
+    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    assert!(
+        changed.dirents.contains(&(ROOT_INO, "a.md".to_string())),
+        "{changed:?}"
+    );
+    f.changed_outside(changed);
+    let old = f.lookup(ROOT_INO, b"a.md").unwrap();
+    let fh = f.open(ME, old.ino, OpenMode::default()).unwrap();
+
+    write(".tmp-1", b"second version, longer");
+    w.rename(ME, ROOT_INO, b".tmp-1", ROOT_INO, b"a.md", 0)
+        .unwrap();
+    let (_, batch) = shipped_after(feed, at);
+    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    assert!(changed.inodes.contains(&old.ino), "{changed:?}");
+    f.changed_outside(changed);
+    assert_eq!(f.read(fh, 0, 4096).unwrap(), b"first version");
+    assert_eq!(
+        f.getattr(old.ino).unwrap().size,
+        13,
+        "fstat of the open version"
+    );
+    f.release(fh).unwrap();
+    assert!(matches!(f.getattr(old.ino), Err(Error::Stale)));
+    assert!(matches!(
+        f.open(ME, old.ino, OpenMode::default()),
+        Err(Error::Stale)
+    ));
+    let new = f.lookup(ROOT_INO, b"a.md").unwrap();
+    assert_ne!(new.ino, old.ino);
+    let fh = f.open(ME, new.ino, OpenMode::default()).unwrap();
+    assert_eq!(f.read(fh, 0, 4096).unwrap(), b"second version, longer");
+    f.release(fh).unwrap();
+    assert!(matches!(
+        f.create(ME, ROOT_INO, b"mine.md", 0o600, 0, libc::O_WRONLY),
+        Err(Error::ReadOnly)
+    ));
+    assert!(matches!(
+        f.unlink(ME, ROOT_INO, b"a.md"),
+        Err(Error::ReadOnly)
+    ));
+}
+
+/// A follower shows what the writer shipped, refuses changes, answers the history commands,
+/// and follows a new generation (the writer's store changed offline) without unmounting; the
+/// kernel's caches show each change at once (`cat` right after the follower applied it).
+#[test]
+fn a_follower_keeps_current_and_follows_a_new_generation() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    let mut w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    op(&w.mp, 0);
+    w.shipped();
+    let f = Host::follower(&url, &[]);
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    // Cached by the kernel on the follower before each change: the change must still show.
+    for i in 1..40 {
+        let _ = tree(&f.mp);
+        op(&w.mp, i);
+        f.reaches(w.shipped());
+        assert_eq!(tree(&f.mp), tree(&w.mp), "after operation {i}");
+    }
+    let err = std::fs::write(f.mp.join("memories/x.md"), "no").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let log = f.run(&["log", f.mp.to_str().unwrap(), "--json"]);
+    assert!(
+        log.status.success(),
+        "{}",
+        String::from_utf8_lossy(&log.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&log.stdout).contains("note-"),
+        "the follower's history holds the writer's operations"
+    );
+    let s = f.status();
+    assert_eq!(s["follower"]["commits_behind"], 0, "{s}");
+    assert_eq!(s["read_only"], true);
+
+    // A new generation: the writer's store changed while unmounted.
+    let generation = s["follower"]["generation"].clone();
+    w.unmount();
+    let src = w.dir.path().join("offline");
+    std::fs::create_dir_all(src.join("memories")).unwrap();
+    std::fs::write(src.join("memories/imported.md"), "added offline\n").unwrap();
+    let out = w.run(&["import", src.to_str().unwrap(), w.store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.mount(&[]);
+    op(&w.mp, 41);
+    let until = Instant::now() + Duration::from_secs(60);
+    let _ = tree(&f.mp);
+    loop {
+        let s = f.status();
+        if s["follower"]["generation"] != generation && tree(&f.mp) == tree(&w.mp) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no new generation followed: {s}\n{}",
+            f.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(tree(&f.mp).contains_key("memories/imported.md"));
+}
+
+/// A check that content is whole: a header line with the version and the length of the
+/// rest, then that many bytes of the version's digit.
+fn content(version: usize) -> Vec<u8> {
+    let body = vec![b'0' + (version % 10) as u8; 2000 + (version * 37) % 6000];
+    let mut out = format!("v{version} {}\n", body.len()).into_bytes();
+    out.extend(body);
+    out
+}
+
+fn whole(bytes: &[u8]) -> bool {
+    let Some(nl) = bytes.iter().position(|&b| b == b'\n') else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&bytes[..nl]).into_owned();
+    let mut parts = head.trim_start_matches('v').split(' ');
+    let (Some(v), Some(len)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(v), Ok(len)) = (v.parse::<usize>(), len.parse::<usize>()) else {
+        return false;
+    };
+    let body = &bytes[nl + 1..];
+    body.len() == len && body.iter().all(|&b| b == b'0' + (v % 10) as u8)
+}
+
+/// What the readers saw.
+#[derive(Debug, Default)]
+struct Seen {
+    reads: u64,
+    missing: u64,
+    torn: u64,
+}
+
+/// `replaces` replaces by rename of `memories/stable-*.md` and a directory rename (of
+/// `memories/moving-a` to `moving-b` and back) every tenth, done in `write_root`, while two
+/// readers read the stable names in `read_root`: what they saw. The stable names exist before
+/// and after every replace.
+fn replace_under_readers(
+    write_root: &Path,
+    read_root: &Path,
+    replaces: usize,
+    settle: &dyn Fn(),
+) -> Seen {
+    let d = write_root.join("memories");
+    std::fs::create_dir_all(d.join("moving-a")).unwrap();
+    std::fs::write(d.join("moving-a/inside.md"), "inside\n").unwrap();
+    for k in 0..4 {
+        std::fs::write(d.join(format!("stable-{k}.md")), content(k)).unwrap();
+    }
+    settle();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts: Arc<[AtomicU64; 3]> = Arc::new(Default::default());
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (stop, counts) = (stop.clone(), counts.clone());
+            let root = read_root.join("memories");
+            std::thread::spawn(move || {
+                let mut i = r;
+                while !stop.load(Ordering::Acquire) {
+                    i += 1;
+                    let p = root.join(format!("stable-{}.md", i % 4));
+                    match std::fs::read(&p) {
+                        Ok(b) if whole(&b) => {}
+                        Ok(_) => drop(counts[2].fetch_add(1, Ordering::Relaxed)),
+                        Err(e) => {
+                            if counts[1].fetch_add(1, Ordering::Relaxed) == 0 {
+                                eprintln!("first failed read of {}: {e}", p.display());
+                            }
+                        }
+                    }
+                    counts[0].fetch_add(1, Ordering::Relaxed);
+                    // Leaves the writer (and on a follower its daemon) a share of two cores.
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            })
+        })
+        .collect();
+    for i in 0..replaces {
+        let tmp = d.join(format!(".tmp-{i}"));
+        std::fs::write(&tmp, content(i + 4)).unwrap();
+        std::fs::rename(&tmp, d.join(format!("stable-{}.md", i % 4))).unwrap();
+        if i % 10 == 0 {
+            let (from, to) = if (i / 10) % 2 == 0 {
+                ("moving-a", "moving-b")
+            } else {
+                ("moving-b", "moving-a")
+            };
+            std::fs::rename(d.join(from), d.join(to)).unwrap();
+        }
+    }
+    settle();
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        r.join().unwrap();
+    }
+    Seen {
+        reads: counts[0].load(Ordering::Relaxed),
+        missing: counts[1].load(Ordering::Relaxed),
+        torn: counts[2].load(Ordering::Relaxed),
+    }
+}
+
+/// Readers on a follower during 1,000 replaces by rename and 100 directory renames on the
+/// writer: never a missing name that exists before and after, never a torn file, the same as
+/// on one ext4 directory; the follower ends with the writer's tree.
+#[test]
+fn readers_on_a_follower_see_every_replace_whole() {
+    if !fuse_available() {
+        return;
+    }
+    let local = tempfile::tempdir().unwrap();
+    let on_ext4 = replace_under_readers(local.path(), local.path(), 1000, &|| {});
+    assert!(on_ext4.reads > 0);
+    assert_eq!((on_ext4.missing, on_ext4.torn), (0, 0), "ext4: {on_ext4:?}");
+
+    let (_rep, url) = file_replica();
+    let w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    w.shipped();
+    let f = Host::follower(&url, &[]);
+    let settle = || f.reaches(w.shipped());
+    let seen = replace_under_readers(&w.mp, &f.mp, 1000, &settle);
+    assert!(seen.reads > 0);
+    assert_eq!(
+        (seen.missing, seen.torn),
+        (0, 0),
+        "follower: {seen:?} (ext4: {on_ext4:?})"
+    );
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    let batches = f.status()["follower"]["batches"].as_u64().unwrap();
+    assert!(batches > 1, "the run spanned several batches: {batches}");
+}
+
+/// Whether `path` is refused as read-only when written.
+fn write_refused(path: &Path) -> bool {
+    matches!(std::fs::write(path, "x"), Err(e) if e.raw_os_error() == Some(libc::EROFS))
+}
+
+/// A second writer on the URL is refused with the holder's host and pid; a follower promoted
+/// with --takeover fences the live writer at its next upload (EROFS, `status` says so, one
+/// error line names the new writer); the promoted store's `log` shows the first writer's
+/// commits, then its own; a restore holds the promoted writer's tree, none of what the
+/// fenced one wrote after; and the fenced writer, remounted, is refused.
+fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
+    let mut w = Host::writer(url, env);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    for i in 0..6 {
+        op(&w.mp, i);
+    }
+    let mut f = Host::follower(url, env);
+    f.reaches(w.shipped());
+
+    let second = Host::new(env);
+    let out = second.try_mount(&["--replica", url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let pid = w.status()["pid"].as_u64().unwrap();
+    assert!(!out.status.success(), "a second writer mounted");
+    assert!(
+        err.contains("held by host") && err.contains(&format!("pid {pid}")),
+        "{err}"
+    );
+
+    // Promote the follower while the writer lives.
+    let before = tree(&f.mp);
+    f.unmount();
+    f.mount(&[
+        "--replica",
+        url,
+        "--takeover",
+        "--replica-interval",
+        "100ms",
+    ]);
+    assert_eq!(tree(&f.mp), before);
+    std::fs::write(f.mp.join("memories/promoted.md"), "the new writer\n").unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut late = 0;
+    while !write_refused(&w.mp.join(format!("memories/late-{late}.md"))) {
+        late += 1;
+        assert!(
+            Instant::now() < until,
+            "the old writer was never fenced\n{}",
+            w.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = w.status();
+    let fenced = s["replicas"][0]["fenced"].as_str().unwrap_or_default();
+    let fpid = f.status()["pid"].as_u64().unwrap();
+    assert!(fenced.contains(&format!("pid {fpid}")), "{s}");
+    let lines = w
+        .log()
+        .lines()
+        .filter(|l| l.contains("ERROR fenced"))
+        .count();
+    assert_eq!(lines, 1, "one error line:\n{}", w.log());
+
+    let log = f.run(&["log", f.mp.to_str().unwrap(), "--json"]);
+    let log = String::from_utf8_lossy(&log.stdout).into_owned();
+    let (theirs, mine) = (log.find("note-"), log.find("promoted.md"));
+    assert!(theirs.is_some() && mine.is_some(), "{log}");
+    f.shipped();
+    let want = tree(&f.mp);
+    assert_eq!(f.restore(url, None), want);
+    assert!(!want.keys().any(|k| k.contains("late-")));
+
+    w.unmount();
+    let out = w.try_mount(&["--replica", url]);
+    assert!(
+        !out.status.success(),
+        "the fenced writer took the role again"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("fenced"), "{err}");
+    // Its own changes are there to recover, without the replica.
+    w.mount(&["--replica", "none", "--read-only"]);
+    assert!(tree(&w.mp).keys().any(|k| k.contains("late-")) || late == 0);
+    w.unmount();
+    f.unmount();
+}
+
+#[test]
+fn one_writer_per_file_url_and_a_takeover_fences_the_old_one() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    one_writer_and_a_takeover(&url, &[]);
+}
+
+/// The writer killed at a random point (20 seeds): the follower promoted with --takeover
+/// writes on; the old writer, restarted, is refused as fenced; a restore holds exactly the
+/// follower's tree at the takeover (everything the old writer shipped), then the promoted
+/// writer's own change.
+#[test]
+fn a_killed_writer_is_taken_over_at_random_points() {
+    if !fuse_available() {
+        return;
+    }
+    let seeds: u64 = std::env::var("REDBFS_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let first = seed_or(1);
+    for seed in first..first + seeds {
+        let mut rng = Rng::new(seed);
+        let (_rep, url) = file_replica();
+        let mut w = Host::writer(&url, &[]);
+        std::fs::create_dir(w.mp.join("memories")).unwrap();
+        w.shipped();
+        let mut f = Host::follower(&url, &[]);
+        let ops = rng.range(3, 30) as usize;
+        let writes = {
+            let mp = w.mp.clone();
+            std::thread::spawn(move || {
+                for i in 0..ops {
+                    op(&mp, i);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(rng.range(0, 400)));
+        w.kill();
+        let _ = writes.join();
+        // The follower catches up with whatever the replica holds.
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut last = (u64::MAX, Instant::now());
+        loop {
+            let c = f.status()["follower"]["follower_commit"].as_u64().unwrap();
+            if c != last.0 {
+                last = (c, Instant::now());
+            } else if last.1.elapsed() > Duration::from_millis(600) {
+                break;
+            }
+            assert!(Instant::now() < until);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let at_takeover = tree(&f.mp);
+        let cut = last.0;
+        f.unmount();
+        f.mount(&[
+            "--replica",
+            &url,
+            "--takeover",
+            "--replica-interval",
+            "100ms",
+        ]);
+        std::fs::write(f.mp.join("memories/promoted.md"), format!("seed {seed}\n")).unwrap();
+        f.shipped();
+        let want = tree(&f.mp);
+        let out = w.try_mount(&["--replica", &url]);
+        assert!(
+            !out.status.success(),
+            "seed {seed}: the old writer took the role again"
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("fenced"));
+        f.unmount();
+        // Released now: still, the old writer's store was taken over and stays fenced.
+        let out = w.try_mount(&["--replica", &url]);
+        assert!(
+            !out.status.success(),
+            "seed {seed}: fenced store took the role"
+        );
+        assert_eq!(w.restore(&url, None), want, "seed {seed}");
+        assert_eq!(
+            w.restore(&url, Some(&cut.to_string())),
+            at_takeover,
+            "seed {seed}: the history up to the takeover"
+        );
+    }
+}
+
+/// Every writing mount takes an epoch; those older than every generation left are removed
+/// with the generations (never the newest), and the replica still restores.
+#[test]
+fn epochs_older_than_every_generation_are_pruned() {
+    if !fuse_available() {
+        return;
+    }
+    let (rep, url) = file_replica();
+    let mut w = Host::new(&[]);
+    let options = [
+        "--replica",
+        url.as_str(),
+        "--replica-interval",
+        "100ms",
+        "--replica-snapshot-every",
+        "1s",
+        "--replica-keep",
+        "1s",
+    ];
+    let epochs = || {
+        let dir = rep.path().join("replica/epochs");
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.ends_with(".json"))
+            .collect();
+        n.sort();
+        n
+    };
+    for i in 0..4 {
+        w.mount(&options);
+        std::fs::create_dir_all(w.mp.join("memories")).unwrap();
+        std::fs::write(w.mp.join(format!("memories/{i}.md")), "x").unwrap();
+        // A new generation of this epoch starts after a second, and old ones go with it.
+        let until = Instant::now() + Duration::from_secs(60);
+        while epochs().len() > 2 || w.status()["replicas"][0]["snapshots"] == 0 {
+            assert!(Instant::now() < until, "{:?}\n{}", epochs(), w.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        w.shipped();
+        w.unmount();
+    }
+    let left = epochs();
+    assert!(left.len() <= 2, "{left:?}");
+    assert_eq!(left.last().unwrap(), &format!("{:020}.json", 4));
+    assert_eq!(w.restore(&url, None).len(), 5, "memories/ and four files");
+}
+
+/// A stock SDK agent's memory tool, kept open, fed one command at a time.
+struct Agent {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Agent {
+    fn start(node: bool, base: &Path) -> Agent {
+        let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
+        let python = clients.join(".venv/bin/python");
+        assert!(
+            clients.join("node_modules/@anthropic-ai/sdk").is_dir() && python.exists(),
+            "the pinned SDKs are not installed: run tests/clients/setup.sh first"
+        );
+        let mut cmd = if node {
+            let mut c = Command::new("node");
+            c.arg(clients.join("memory_repl.mjs"));
+            c
+        } else {
+            let mut c = Command::new(python);
+            c.arg(clients.join("memory_repl.py"));
+            c
+        };
+        let mut child = cmd
+            .arg(base)
+            .current_dir(&clients)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Agent {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Runs one tool command: (is_error, content as text).
+    fn call(&mut self, input: Value) -> (bool, String) {
+        writeln!(self.stdin, "{input}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        let text = match &v["content"] {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        (v["is_error"].as_bool().unwrap(), text)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A stock SDK agent (TypeScript, then Python) creates and edits memories on the writer; an
+/// SDK agent of the other language, on a follower, views each edit once the follower applied
+/// it (within the follower's interval after the upload). The follower's agent cannot write.
+#[test]
+fn sdk_agents_write_on_the_writer_and_read_on_a_follower() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    let w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    w.shipped();
+    let f = Host::follower(&url, &[]);
+    for (writer_node, name) in [(true, "from-node"), (false, "from-python")] {
+        let mut writer = Agent::start(writer_node, &w.mp);
+        let mut reader = Agent::start(!writer_node, &f.mp);
+        let path = format!("/memories/{name}.md");
+        let edits = [
+            serde_json::json!({"command": "create", "path": path, "file_text": "first line\nslot: empty\n"}),
+            serde_json::json!({"command": "str_replace", "path": path, "old_str": "slot: empty", "new_str": "slot: done"}),
+            serde_json::json!({"command": "insert", "path": path, "insert_line": 1, "insert_text": "inserted"}),
+        ];
+        for edit in edits {
+            let (err, text) = writer.call(edit.clone());
+            assert!(!err, "{edit}: {text}");
+            f.reaches(w.shipped());
+            let want = std::fs::read_to_string(w.mp.join(&path[1..])).unwrap();
+            let (err, seen) = reader.call(serde_json::json!({"command": "view", "path": path}));
+            assert!(!err, "{seen}");
+            for line in want.lines() {
+                assert!(
+                    seen.contains(line),
+                    "{line:?} not in the follower's view: {seen}"
+                );
+            }
+        }
+        let (err, text) = reader.call(
+            serde_json::json!({"command": "create", "path": "/memories/no.md", "file_text": "x"}),
+        );
+        assert!(err, "the follower's agent wrote: {text}");
+    }
+}
+
+/// moto's S3 server on a free port, with one bucket.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Moto {
+    fn start(bucket: &str) -> Moto {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
+        assert!(
+            bin.exists(),
+            "{} is missing: run tests/clients/setup.sh (it installs the pinned moto server)",
+            bin.display()
+        );
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < until, "moto_server did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        Moto { child, port }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        [
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_DEFAULT_REGION", "us-east-1".into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The same on S3: the epoch objects are created with S3's conditional put.
+#[test]
+fn one_writer_per_s3_url_and_a_takeover_fences_the_old_one() {
+    if !fuse_available() {
+        return;
+    }
+    let moto = Moto::start("shared");
+    one_writer_and_a_takeover("s3://shared/memory", &moto.env());
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Follower lag from a write's acknowledgement on the writer (its close) to its visibility
+/// on the follower, on `file://` and on the local S3 server, with the default 1 s intervals
+/// unless REDBFS_LAG_INTERVAL says otherwise. A measurement, not a test: run with
+/// `cargo test --release --test follow -- --ignored --nocapture follower_lag`.
+#[test]
+#[ignore]
+fn follower_lag() {
+    if !fuse_available() {
+        return;
+    }
+    let interval = std::env::var("REDBFS_LAG_INTERVAL").unwrap_or_else(|_| "1s".into());
+    let n: usize = std::env::var("REDBFS_LAG_SAMPLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100);
+    let moto = Moto::start("lag");
+    let (_rep, file_url) = file_replica();
+    for (label, url, env) in [
+        ("file://", file_url.clone(), Vec::new()),
+        ("s3 (moto)", "s3://lag/memory".to_string(), moto.env()),
+    ] {
+        let mut w = Host::new(&env);
+        w.mount(&["--replica", &url, "--replica-interval", &interval]);
+        std::fs::create_dir(w.mp.join("memories")).unwrap();
+        w.shipped();
+        let mut f = Host::new(&env);
+        f.mount(&["--follow", &url, "--follow-interval", &interval]);
+        let mut lags = Vec::new();
+        let mut write_ms = 0.0;
+        let mut rng = Rng::new(7);
+        for i in 0..n {
+            // Writes at random phases of the two intervals.
+            std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
+            let name = format!("memories/lag-{i}.md");
+            let start = Instant::now();
+            std::fs::write(w.mp.join(&name), format!("{i}\n")).unwrap();
+            let acked = Instant::now();
+            write_ms += (acked - start).as_secs_f64() * 1000.0;
+            while std::fs::read(f.mp.join(&name)).is_err() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            lags.push(acked.elapsed().as_secs_f64() * 1000.0);
+        }
+        lags.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!(
+            "follower lag {label}, intervals {interval}, {n} writes: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+            percentile(&lags, 0.5),
+            percentile(&lags, 0.99),
+            lags[lags.len() - 1]
+        );
+        let s = f.status();
+        println!(
+            "  writer: {:.2} ms per write (create, write, close: 2 commits); follower: {} batches, {} records, {:.2} ms per batch applied",
+            write_ms / n as f64,
+            s["follower"]["batches"],
+            s["follower"]["records"],
+            s["follower"]["apply_seconds"].as_f64().unwrap() * 1000.0
+                / s["follower"]["batches"].as_f64().unwrap().max(1.0),
+        );
+        f.unmount();
+        w.unmount();
+    }
+}
