@@ -242,7 +242,8 @@ impl ReadTxn {
     }
 
     /// History records, newest first, for the whole store or for `path` (following it back
-    /// through renames of it or of a directory above it), no older than `since_ns`.
+    /// through renames of it or of a directory above it), no older than `since_ns`; whole,
+    /// with their undo entries.
     pub fn history_of(
         &self,
         path: Option<&str>,
@@ -252,8 +253,7 @@ impl ReadTxn {
         let mut out = Vec::new();
         let mut cursor = LogCursor::start(path);
         while out.len() < limit {
-            let (page, next) =
-                self.history_page(&cursor, since_ns, (limit - out.len()).min(4096))?;
+            let (page, next) = self.page(&cursor, since_ns, (limit - out.len()).min(4096), true)?;
             out.extend(page);
             match next {
                 Some(c) => cursor = c,
@@ -269,12 +269,29 @@ impl ReadTxn {
     /// after `since_ns`, found in `history_times`); a path's log merges, from
     /// `history_paths`, the records that name the path, a directory above it or a path
     /// below it, and follows the path back through renames.
+    /// The records come without their undo entries (`HistoryRecord::decode_summary`).
     pub fn history_page(
         &self,
         cursor: &LogCursor,
         since_ns: Option<i64>,
         limit: usize,
     ) -> Result<(Vec<HistoryRecord>, Option<LogCursor>), StoreError> {
+        self.page(cursor, since_ns, limit, false)
+    }
+
+    /// `history_page`, with the records' undo entries when `undo`.
+    fn page(
+        &self,
+        cursor: &LogCursor,
+        since_ns: Option<i64>,
+        limit: usize,
+        undo: bool,
+    ) -> Result<(Vec<HistoryRecord>, Option<LogCursor>), StoreError> {
+        let decode = if undo {
+            HistoryRecord::decode
+        } else {
+            HistoryRecord::decode_summary
+        };
         let stop = match since_ns {
             None => 0,
             Some(since) => {
@@ -289,7 +306,7 @@ impl ReadTxn {
         let get = |seq: u64| -> Result<Option<HistoryRecord>, StoreError> {
             match hist.get(seq).map_err(map_err)? {
                 None => Ok(None),
-                Some(v) => HistoryRecord::decode(seq, v.value())
+                Some(v) => decode(seq, v.value())
                     .map(Some)
                     .ok_or_else(|| corrupt("history record", seq)),
             }
@@ -308,7 +325,7 @@ impl ReadTxn {
                     return Ok((out, Some(next)));
                 }
                 let (k, v) = item.map_err(map_err)?;
-                let r = HistoryRecord::decode(k.value(), v.value())
+                let r = decode(k.value(), v.value())
                     .ok_or_else(|| corrupt("history record", k.value()))?;
                 if recent(&r) {
                     out.push(r);
@@ -605,12 +622,17 @@ impl WriteTxn<'_> {
             let mut v = Vec::new();
             for item in t.iter().map_err(map_err)?.take(max) {
                 let (k, val) = item.map_err(map_err)?;
-                let r = HistoryRecord::decode(k.value(), val.value())
+                // The time alone first: every commit looks at the oldest record, which may be
+                // a large one (an import's), and decodes it only to drop it.
+                let time = HistoryRecord::time_of(val.value())
                     .ok_or_else(|| corrupt("history record", k.value()))?;
-                if r.time >= cutoff {
+                if time >= cutoff {
                     break;
                 }
-                v.push(r);
+                v.push(
+                    HistoryRecord::decode(k.value(), val.value())
+                        .ok_or_else(|| corrupt("history record", k.value()))?,
+                );
             }
             v
         };

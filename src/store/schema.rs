@@ -430,6 +430,38 @@ impl Undo {
         })
     }
 
+    /// Steps over one encoded entry.
+    fn skip(d: &mut Dec<'_>) -> Option<()> {
+        match d.u8()? {
+            1 => {
+                d.take(8)?;
+                if d.u8()? != 0 {
+                    let len = d.u32()? as usize;
+                    d.take(len)?;
+                }
+            }
+            2 => {
+                d.take(8)?;
+                let n = d.u16()? as usize;
+                d.take(n)?;
+                if d.u8()? != 0 {
+                    d.take(9)?;
+                }
+            }
+            3 => {
+                d.take(16)?;
+                if d.u8()? != 0 {
+                    d.take(8)?;
+                }
+            }
+            4 => {
+                d.take(9)?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
     /// One entry as the record stores it (the value of a `history_keys` row).
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc(Vec::with_capacity(32));
@@ -552,8 +584,27 @@ impl HistoryRecord {
         e.0
     }
 
+    /// The commit time of an encoded record, without decoding the rest.
+    pub fn time_of(b: &[u8]) -> Option<i64> {
+        let mut d = Dec(b);
+        if d.u8()? != HISTORY_RECORD_VERSION {
+            return None;
+        }
+        Some(d.u64()? as i64)
+    }
+
+    /// Decodes a record without its undo entries (what `log` shows): the entries are
+    /// stepped over, not kept, so a large record (an import's) costs no allocation per entry.
+    pub fn decode_summary(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
+        Self::decode_with(seq, b, false)
+    }
+
     /// Decodes a record; `None` when the bytes are not a version-1 history record.
     pub fn decode(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
+        Self::decode_with(seq, b, true)
+    }
+
+    fn decode_with(seq: u64, b: &[u8], undo: bool) -> Option<HistoryRecord> {
         let mut d = Dec(b);
         if d.u8()? != HISTORY_RECORD_VERSION {
             return None;
@@ -580,7 +631,11 @@ impl HistoryRecord {
         };
         let n = d.u32()?;
         for _ in 0..n {
-            r.undo.push(Undo::decode_from(&mut d)?);
+            if undo {
+                r.undo.push(Undo::decode_from(&mut d)?);
+            } else {
+                Undo::skip(&mut d)?;
+            }
         }
         if d.u8() == Some(1) {
             r.conflict = Some(d.str()?);
@@ -642,6 +697,15 @@ mod tests {
             ],
         };
         assert_eq!(HistoryRecord::decode(9, &r.encode()), Some(r.clone()));
+        let summary = HistoryRecord {
+            undo: Vec::new(),
+            ..r.clone()
+        };
+        assert_eq!(HistoryRecord::decode_summary(9, &r.encode()), Some(summary));
+        assert_eq!(HistoryRecord::time_of(&r.encode()), Some(r.time));
+        for u in &r.undo {
+            assert_eq!(Undo::decode(&u.encode()).as_ref(), Some(u));
+        }
         let mut bad = r.encode();
         bad[0] = 2;
         assert_eq!(HistoryRecord::decode(9, &bad), None);
