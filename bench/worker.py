@@ -356,6 +356,97 @@ def stat_tree(a):
     return r
 
 
+# --- scale (h) --------------------------------------------------------------------------
+
+
+def scale_content(i):
+    """About 100 bytes, distinct per file."""
+    return (f"memory {i:07d}: the user prefers short answers; project notes follow.\n" * 2).encode()[:100]
+
+
+def scale_tree(a):
+    """ROOT/d<D>/f<N>.md for N in [0, count), in --dirs directories: the tree h imports."""
+    dirs = [os.path.join(a.root, f"d{d:04d}") for d in range(a.dirs)]
+    for d in dirs:
+        os.makedirs(d, mode=0o755, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(a.count):
+        fd = os.open(os.path.join(dirs[i % a.dirs], f"f{i:07d}.md"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, scale_content(i))
+        os.close(fd)
+    return {"seconds": time.perf_counter() - t0, "bytes": 100 * a.count}
+
+
+def scale_ops(a):
+    """Per-operation costs in a store of any size, on a fresh directory ROOT of --count files:
+    create (O_EXCL, write 100 bytes, fsync, close), stat, rename, view (list the directory
+    and stat each entry, --repeat times) and durable unlink (unlink, then fsync of the
+    directory, which ext4 needs and redbfs gives at unlink). Microseconds per operation."""
+    os.makedirs(a.root, mode=0o755, exist_ok=False)
+    names = [os.path.join(a.root, f"p{i:05d}.md") for i in range(a.count)]
+    moved = [n + ".moved" for n in names]
+    data = [scale_content(i) for i in range(a.count)]
+    out = {}
+
+    def per_op(key, fn, n):
+        t0 = time.perf_counter()
+        fn()
+        out[key] = (time.perf_counter() - t0) * 1e6 / n
+
+    def create():
+        for n, d in zip(names, data):
+            fd = os.open(n, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, d)
+            os.fsync(fd)
+            os.close(fd)
+
+    def stat_all():
+        for n in names:
+            os.lstat(n)
+
+    def rename_all():
+        for n, m in zip(names, moved):
+            os.rename(n, m)
+
+    def view():
+        for _ in range(a.repeat):
+            with os.scandir(a.root) as it:
+                k = sum(1 for e in it if e.stat(follow_symlinks=False))
+            if k != a.count:
+                die(f"view of {a.root} found {k} entries, want {a.count}")
+
+    def unlink_all():
+        dfd = os.open(a.root, os.O_RDONLY | os.O_DIRECTORY)
+        for m in moved:
+            os.unlink(m)
+            os.fsync(dfd)
+        os.close(dfd)
+
+    per_op("create_fsync_us", create, a.count)
+    per_op("stat_us", stat_all, a.count)
+    per_op("rename_us", rename_all, a.count)
+    per_op("view_us", view, a.repeat)
+    per_op("unlink_durable_us", unlink_all, a.count)
+    if os.listdir(a.root):
+        die(f"{a.root} not empty after the unlinks")
+    os.rmdir(a.root)
+    return out
+
+
+def edit(a):
+    """--count rewrites (open O_TRUNC, write, fsync, close) of --files memories under ROOT,
+    round robin: the history of many small edits."""
+    os.makedirs(a.root, mode=0o755, exist_ok=True)
+    paths = [os.path.join(a.root, f"e{k:04d}.md") for k in range(a.files)]
+    t0 = time.perf_counter()
+    for i in range(a.count):
+        fd = os.open(paths[i % a.files], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, f"edit {i} of {paths[i % a.files]}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+    return {"seconds": time.perf_counter() - t0}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("phase")
@@ -384,6 +475,9 @@ def main():
             "big-write": big_write,
             "big-read": big_read,
             "stat-tree": stat_tree,
+            "scale-tree": scale_tree,
+            "scale-ops": scale_ops,
+            "edit": edit,
         }.get(a.phase)
         if fn is None:
             die(f"unknown phase {a.phase}")

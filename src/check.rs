@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::fs::{Limits, Name, NameRules};
-use crate::store::{CHUNK_SIZE, Kind, ROOT_INO, ReadTxn, StoreError};
+use crate::store::{CHUNK_SIZE, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord};
 
 /// Every broken invariant found, one line each; empty when the store is clean.
 pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
@@ -93,6 +93,8 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
     blob_references(r, &mut findings)?;
     damaged_chunks(r, &mut findings)?;
     findings.extend(over_limits(r, &inodes, &dirents)?);
+    findings.extend(r.history_index_findings()?);
+    subtrees(r, &inodes, &mut findings)?;
     let usage = r.usage()?;
     let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
     let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
@@ -104,6 +106,91 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
         ));
     }
     Ok(findings)
+}
+
+/// The per-directory aggregates (when the store keeps them): every directory's counts equal
+/// what lies below it, its path bounds are at least the deepest and longest path below it,
+/// and a row without a directory holds only a quota.
+fn subtrees(
+    r: &ReadTxn,
+    inodes: &HashMap<u64, crate::store::Inode>,
+    findings: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    if !r.subtree_current()? {
+        return Ok(());
+    }
+    let placed = |i: &crate::store::Inode| i.ino != ROOT_INO && i.nlink > 0;
+    let mut want: HashMap<u64, SubtreeRecord> = HashMap::new();
+    for i in inodes.values().filter(|i| placed(i)) {
+        let (mut depth, mut bytes) = (1u32, i.name.len() as u32 + 1);
+        let mut cur = i.parent;
+        for _ in 0..=inodes.len() {
+            let w = want.entry(cur).or_default();
+            match i.kind {
+                Kind::File => {
+                    w.files += 1;
+                    w.bytes += i.size;
+                }
+                Kind::Dir => w.dirs += 1,
+            }
+            w.depth = w.depth.max(depth);
+            w.path_bytes = w.path_bytes.max(bytes);
+            match inodes.get(&cur) {
+                Some(p) if cur != ROOT_INO && placed(p) => {
+                    depth += 1;
+                    bytes += p.name.len() as u32 + 1;
+                    cur = p.parent;
+                }
+                // A broken chain is reported by the checks above.
+                _ => break,
+            }
+        }
+    }
+    let stored: HashMap<u64, SubtreeRecord> = r.all_subtrees()?.into_iter().collect();
+    for (ino, w) in &want {
+        let s = stored.get(ino).copied().unwrap_or_default();
+        if (s.files, s.dirs, s.bytes) != (w.files, w.dirs, w.bytes) {
+            findings.push(format!(
+                "directory {ino} records {} files, {} dirs, {} bytes below it; the records say {}, {}, {}",
+                s.files, s.dirs, s.bytes, w.files, w.dirs, w.bytes
+            ));
+        }
+        if s.depth < w.depth || s.path_bytes < w.path_bytes {
+            findings.push(format!(
+                "directory {ino} bounds its paths at {} levels and {} bytes, but one below it is {} levels and {} bytes",
+                s.depth, s.path_bytes, w.depth, w.path_bytes
+            ));
+        }
+    }
+    let indexed: HashSet<u64> = r.quota_rows()?.into_iter().map(|(d, _)| d).collect();
+    for (ino, s) in &stored {
+        if s.has_quota() != indexed.contains(ino) {
+            findings.push(format!(
+                "the quota of directory {ino} and the index of quotas disagree"
+            ));
+        }
+    }
+    for ino in &indexed {
+        if !stored.contains_key(ino) {
+            findings.push(format!(
+                "the index of quotas names directory {ino}, which has no subtree record"
+            ));
+        }
+    }
+    for (ino, s) in &stored {
+        let is_dir = inodes.get(ino).is_some_and(|i| i.kind == Kind::Dir);
+        if !is_dir && (s.files, s.dirs, s.bytes) != (0, 0, 0) {
+            findings.push(format!(
+                "a subtree record with counts exists for {ino}, which is not a directory"
+            ));
+        } else if !want.contains_key(ino) && s.entries() + s.bytes != 0 {
+            findings.push(format!(
+                "directory {ino} records {} files, {} dirs, {} bytes below it, but it is empty",
+                s.files, s.dirs, s.bytes
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Every directory reaches the root by parent pointers.
@@ -168,13 +255,14 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
     for (_, _, b) in r.all_filemap()? {
         *want.entry(b).or_default() += 1;
     }
-    for rec in r.history(0..=u64::MAX)? {
+    r.for_each_record(|rec| {
         for u in &rec.undo {
             if let crate::store::Undo::Filemap { old: Some(b), .. } = u {
                 *want.entry(*b).or_default() += 1;
             }
         }
-    }
+        Ok(())
+    })?;
     // A blob without a blobrefs entry has exactly one reference; entries hold counts of 2+.
     let live: HashSet<u64> = blob_ids.iter().copied().collect();
     for (b, n) in &want {

@@ -2,9 +2,12 @@
 //! speaking one JSON request and one JSON response per line. Store tools reach a mounted
 //! store through it, because the daemon owns the store file.
 //!
-//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"promote"}` (a follower), `{"op":"snapshot","out":PATH}`,
-//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), and the read-only queries of
-//! `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
+//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"promote"}` (a follower),
+//! `{"op":"snapshot","out":PATH}`,
+//! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), the
+//! changes of `tools::history_change` (`mark`, `rollback`, `revert`, `redact`, `snapshot_at`,
+//! `quota`, `expire`), and the read-only queries of `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`,
+//! `quotas`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
 //! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
@@ -208,7 +211,11 @@ impl Daemon {
         let answer = self.fs().and_then(|fs| {
             let r = fs.store().read().map_err(|e| e.to_string())?;
             // No progress: the daemon's stderr is not the asking user's.
-            tools::snapshot(&r, Path::new(out), &mut |_| {}).map(|info| json!({"snapshot": info}))
+            match req.get("path").and_then(Value::as_str) {
+                Some(p) => tools::snapshot_subtree(&r, p, Path::new(out), &mut |_| {}),
+                None => tools::snapshot(&r, Path::new(out), &mut |_| {}),
+            }
+            .map(|info| json!({"snapshot": info}))
         });
         reply(answer)
     }
@@ -271,9 +278,9 @@ impl Daemon {
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),
-            Some("mark" | "rollback" | "revert" | "redact" | "snapshot_at") => {
-                reply(self.fs().and_then(|fs| tools::history_change(&fs, req)))
-            }
+            Some(
+                "mark" | "rollback" | "revert" | "redact" | "snapshot_at" | "quota" | "expire",
+            ) => reply(self.fs().and_then(|fs| tools::history_change(&fs, req))),
             Some(_) => self.query(req),
             None => json!({"ok": false, "error": "a request needs an \"op\""}),
         }

@@ -575,7 +575,7 @@ impl Filesystem for FuseFs {
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        match self.fs.statfs() {
+        match self.fs.statfs_at(ino.0) {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,

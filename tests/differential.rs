@@ -11,7 +11,10 @@
 //! compared, so `st_size` must be exact while another handle writes.
 //!
 //! All sequences share one mount, each in a fresh subdirectory (and a fresh subdirectory of the
-//! reference). Every 25th sequence keeps its trees; at the end the store is unmounted, mounted
+//! reference), inside a directory with a quota (`redbfs quota`, generous enough never to
+//! refuse: ext4 has none), so every operation keeps the per-directory aggregates. At the end
+//! `redbfs check` must find nothing (the aggregates equal what lies below each directory, and
+//! bound its paths) and the quota root's usage must equal what a walk of the mount counts. Every 25th sequence keeps its trees; at the end the store is unmounted, mounted
 //! again, and those trees are compared once more. Failing seeds found so far are kept below as
 //! small named regression tests with the operations spelled out.
 //!
@@ -1795,11 +1798,48 @@ impl Target {
             return None;
         }
         let m = common::TestMount::new();
-        let root = m.mountpoint.clone();
+        let root = m.mountpoint.join("tenants").join("t1");
+        std::fs::create_dir_all(&root).unwrap();
+        let out = common::redbfs(&[
+            "quota",
+            m.store.to_str().unwrap(),
+            "/tenants/t1",
+            "--bytes",
+            "1G",
+            "--files",
+            "1000000",
+        ]);
+        assert!(out.status.success(), "{out:?}");
         Some(Target {
             mount: Some(m),
             root,
         })
+    }
+
+    /// `redbfs check` of the mounted store finds nothing, and the quota root's usage is what
+    /// a walk of it counts.
+    fn check_store(&self) {
+        let Some(m) = &self.mount else { return };
+        let store = m.store.to_str().unwrap();
+        let out = common::redbfs(&["check", store]);
+        assert!(
+            out.status.success(),
+            "redbfs check: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = common::redbfs(&["quota", store, "--json"]);
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (mut bytes, mut entries) = (0u64, 0u64);
+        for e in walkdir_all(&self.root) {
+            entries += 1;
+            if e.is_file() {
+                bytes += e.len();
+            }
+        }
+        assert_eq!(listed[0]["path"], "/tenants/t1", "{listed}");
+        assert_eq!(listed[0]["bytes"].as_u64(), Some(bytes), "{listed}");
+        assert_eq!(listed[0]["files"].as_u64(), Some(entries), "{listed}");
     }
 
     fn log_tail(&self) -> String {
@@ -1813,6 +1853,23 @@ impl Target {
             None => String::new(),
         }
     }
+}
+
+/// The metadata of every entry below `root` (not following symlinks).
+fn walkdir_all(root: &Path) -> Vec<std::fs::Metadata> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            out.push(md);
+        }
+    }
+    out
 }
 
 fn reference_dir() -> tempfile::TempDir {
@@ -1893,6 +1950,9 @@ fn differential_against_local_disk() {
             }
         }
         eprintln!("after remount: {} kept sequence trees compared", kept.len());
+    }
+    if !daemon_gone {
+        target.check_store();
     }
     eprintln!(
         "{} sequences of up to {ops} ops: {} diverged\n{}",

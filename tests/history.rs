@@ -12,7 +12,7 @@ use std::process::Output;
 
 use common::{Rng, TestMount, fuse_available, redbfs};
 use redbfs::fs::{Caller, Fs, Limits, OpenMode};
-use redbfs::store::{Kind, ROOT_INO, Store};
+use redbfs::store::{HistoryRecord, Kind, LogCursor, ROOT_INO, Store, TreeView};
 
 const ME: Caller = Caller {
     uid: 0,
@@ -38,7 +38,7 @@ fn s(p: &Path) -> &str {
 /// path -> None for a directory, Some(content) for a file.
 type Tree = BTreeMap<String, Option<Vec<u8>>>;
 
-fn tree_of(r: &redbfs::store::ReadTxn) -> Tree {
+fn tree_of(r: &impl TreeView) -> Tree {
     let mut out = Tree::new();
     for (_, e) in redbfs::tools::tree(r, "/").unwrap().into_iter().skip(1) {
         let v = if e.kind == "dir" {
@@ -48,6 +48,27 @@ fn tree_of(r: &redbfs::store::ReadTxn) -> Tree {
             Some(redbfs::tools::read_content(r, &inode).unwrap())
         };
         out.insert(e.path, v);
+    }
+    out
+}
+
+/// The log of `path` (newest first) by walking every record, following the path back
+/// through renames: what the path index must answer.
+fn log_by_walking(newest_first: &[HistoryRecord], path: &str) -> Vec<u64> {
+    let within =
+        |p: &str, base: &str| base == "/" || p == base || p.starts_with(&format!("{base}/"));
+    let mut t = path.to_string();
+    let mut out = Vec::new();
+    for rec in newest_first {
+        if rec.paths.iter().any(|p| within(p, &t) || within(&t, p)) {
+            out.push(rec.seq);
+        }
+        if (rec.op == "rename" || rec.op == "exchange")
+            && let [from, to] = rec.paths.as_slice()
+            && within(&t, to)
+        {
+            t = format!("{from}{}", &t[to.len()..]);
+        }
     }
     out
 }
@@ -149,6 +170,12 @@ fn time_travel_matches_the_model_at_random_points() {
         let seq = points[rng.below(points.len() as u64) as usize];
         let then = redbfs::tools::at_point(&r, seq, |t| Ok(tree_of(t))).unwrap();
         assert_eq!(&then, &states[&seq], "seed {seed}: state at @{seq}");
+        // The same tree read through history's index, without replaying anything.
+        assert_eq!(
+            &tree_of(&r.past(seq).unwrap()),
+            &states[&seq],
+            "seed {seed}: indexed view at @{seq}"
+        );
         // show of every file at that point
         for (p, content) in &states[&seq] {
             if let Some(c) = content {
@@ -159,6 +186,40 @@ fn time_travel_matches_the_model_at_random_points() {
                 );
             }
         }
+    }
+    // Every path's log, from the path index, is what a walk over every record finds, and
+    // paging through it (a cursor per page) gives the same records.
+    let mut all = Vec::new();
+    r.for_each_record(|rec| {
+        all.push(rec);
+        Ok(())
+    })
+    .unwrap();
+    all.reverse();
+    let mut paths: Vec<String> = states.values().flat_map(|t| t.keys().cloned()).collect();
+    paths.extend(["/", "/a", "/b", "/a/c", "/nowhere"].map(String::from));
+    paths.sort();
+    paths.dedup();
+    for p in &paths {
+        let want = log_by_walking(&all, p);
+        let got: Vec<u64> = r
+            .history_of(Some(p), None, usize::MAX)
+            .unwrap()
+            .iter()
+            .map(|rec| rec.seq)
+            .collect();
+        assert_eq!(got, want, "seed {seed}: log of {p}");
+        let mut paged = Vec::new();
+        let mut cursor = LogCursor::start(Some(p));
+        loop {
+            let (page, next) = r.history_page(&cursor, None, 3).unwrap();
+            paged.extend(page.iter().map(|rec| rec.seq));
+            match next {
+                Some(c) => cursor = c,
+                None => break,
+            }
+        }
+        assert_eq!(paged, want, "seed {seed}: paged log of {p}");
     }
     drop(r);
 

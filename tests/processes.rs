@@ -105,11 +105,16 @@ fn require_root() {
 /// Runs `sh -c REPLACE dir content` at `pid`; `None` if clone3 says the pid is taken (another
 /// process on the machine got it meanwhile: the caller then starts over with another).
 fn replace_at_pid(pid: u32, dir: &Path, content: &str) -> Option<i32> {
-    match sh_at_pid(pid, REPLACE, &[dir.as_os_str(), OsStr::new(content)]) {
-        Ok(status) => Some(status),
-        Err(libc::EEXIST) => None,
-        Err(e) => panic!("clone3 with set_tid {pid}: errno {e}"),
+    // A joined thread's tid is free only once the kernel has released the task, a moment
+    // after the join: EEXIST is retried briefly before the pid counts as taken.
+    for _ in 0..100 {
+        match sh_at_pid(pid, REPLACE, &[dir.as_os_str(), OsStr::new(content)]) {
+            Ok(status) => return Some(status),
+            Err(libc::EEXIST) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            Err(e) => panic!("clone3 with set_tid {pid}: errno {e}"),
+        }
     }
+    None
 }
 
 #[test]

@@ -81,6 +81,8 @@ pub(super) enum Cmd {
     Tree(Tree),
     /// Files, directories and content bytes under a path of a store.
     Du(Du),
+    /// Set, list or clear quotas of directories (one per user of a shared mount, say).
+    Quota(Quota),
     /// Counts, largest files, store file size and last commit time.
     Stats(Stats),
     /// Remove memory files neither read nor written since a time (through the mount when mounted).
@@ -240,6 +242,9 @@ pub(super) struct Snapshot {
     /// The store as it was at a point of history: a seq, a mark, a date or `2h` (ago).
     #[arg(long)]
     pub at: Option<String>,
+    /// Only this directory: a store whose root holds what lies below it (no history).
+    #[arg(long)]
+    pub path: Option<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -384,6 +389,25 @@ pub(super) struct Du {
 }
 
 #[derive(Args, Debug)]
+pub(super) struct Quota {
+    /// A store file or a mountpoint.
+    pub store: PathBuf,
+    /// The directory whose quota to set or clear [default: list every quota].
+    pub path: Option<String>,
+    /// Content bytes allowed below the directory, e.g. 10M (EDQUOT beyond).
+    #[arg(long, value_parser = parse_size, requires = "path")]
+    pub bytes: Option<u64>,
+    /// Files and directories allowed below the directory (EDQUOT beyond).
+    #[arg(long, requires = "path")]
+    pub files: Option<u64>,
+    /// Remove the directory's quota.
+    #[arg(long, requires = "path", conflicts_with_all = ["bytes", "files"])]
+    pub clear: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
 pub(super) struct Stats {
     pub store: PathBuf,
     #[arg(long)]
@@ -465,6 +489,9 @@ pub(super) struct Rollback {
     pub store: PathBuf,
     #[arg(long)]
     pub to: String,
+    /// Only this directory's tree (as it was then); the rest of the store is untouched.
+    #[arg(long)]
+    pub path: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -8,11 +8,37 @@ use super::output::{self, Format};
 use super::target::Target;
 use super::time::point;
 
+/// The first page of `log` is small, so its first line comes at once; later pages are
+/// larger, up to `LOG_PAGE_MAX`, so a long log streams at the store's pace.
+const LOG_PAGE_FIRST: u64 = 100;
+const LOG_PAGE_MAX: u64 = 20_000;
+
 pub(super) fn log(a: Log) -> Result<i32, String> {
     let since = a.since.as_deref().map(point);
-    let req = json!({"op": "log", "path": a.path, "since": since, "limit": a.limit});
-    let v = Target::resolve(&a.store)?.ask(req)?;
-    output::log(&v, Format::of(a.json));
+    let mut left = a.limit.unwrap_or(u64::MAX);
+    let mut out = output::LogWriter::new(Format::of(a.json));
+    Target::resolve(&a.store)?.asking(|ask| {
+        let mut cursor = serde_json::Value::Null;
+        let mut page = LOG_PAGE_FIRST;
+        while left > 0 {
+            let req = json!({"op": "log", "path": a.path, "since": since,
+                             "limit": page.min(left), "cursor": cursor});
+            let v = ask(req)?;
+            let records = v["records"].as_array().map_or(&[][..], Vec::as_slice);
+            if !out.records(records)? {
+                // The reader went away (a closed pipe): nothing more to say.
+                return Ok(());
+            }
+            left = left.saturating_sub(records.len() as u64);
+            cursor = v["cursor"].clone();
+            if cursor.is_null() {
+                break;
+            }
+            page = (page * 10).min(LOG_PAGE_MAX);
+        }
+        Ok(())
+    })?;
+    out.finish()?;
     Ok(0)
 }
 
@@ -47,6 +73,19 @@ pub(super) fn revert(a: Revert) -> Result<i32, String> {
 }
 
 pub(super) fn rollback(a: Rollback) -> Result<i32, String> {
+    if let Some(path) = a
+        .path
+        .as_deref()
+        .filter(|p| !p.trim_matches('/').is_empty())
+    {
+        let req = json!({"op": "rollback", "path": path, "to": point(&a.to)});
+        let v = Target::resolve(&a.store)?.change(req)?;
+        output::done(&format!(
+            "rolled {path} back to @{} (the rest of the store untouched)",
+            v["to"]
+        ));
+        return Ok(0);
+    }
     let v = Target::resolve(&a.store)?.change(json!({"op": "rollback", "to": point(&a.to)}))?;
     output::done(&format!(
         "rolled back to @{} ({} records undone)",

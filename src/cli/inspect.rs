@@ -1,9 +1,10 @@
-//! Status and inspection: `status`, `ls`, `cat`, `tree`, `du`, `stats` and `check` (with its
-//! `--repair`). All read a store, mounted or not, without changing it (but for `--repair`).
+//! Status and inspection: `status`, `ls`, `cat`, `tree`, `du`, `stats`, `quota` and `check`
+//! (with its `--repair`). All read a store, mounted or not, without changing it (but for
+//! `--repair` and setting a quota).
 
 use serde_json::json;
 
-use super::args::{Cat, Check, Du, Ls, Stats, Status, Tree};
+use super::args::{Cat, Check, Du, Ls, Quota, Stats, Status, Tree};
 use super::output::{self, Format};
 use super::target::Target;
 use crate::store::ReadOnlyStore;
@@ -44,6 +45,35 @@ pub(super) fn tree(a: Tree) -> Result<i32, String> {
 pub(super) fn du(a: Du) -> Result<i32, String> {
     let v = Target::resolve(&a.store)?.ask(json!({"op": "du", "path": a.path}))?;
     output::du(&v, &a.path, Format::of(a.json));
+    Ok(0)
+}
+
+/// `quota STORE` lists; `quota STORE PATH --bytes/--files` sets; `--clear` removes. Setting
+/// keeps the limit not given; setting on a store not mounted opens it for writing.
+pub(super) fn quota(a: Quota) -> Result<i32, String> {
+    let t = Target::resolve(&a.store)?;
+    let f = Format::of(a.json);
+    let Some(path) = a.path else {
+        let v = t.ask(json!({"op": "quotas"}))?;
+        output::quotas(&v["quotas"], f);
+        return Ok(0);
+    };
+    let current = t.ask(json!({"op": "du", "path": path}))?;
+    let (bytes, files) = if a.clear {
+        (0, 0)
+    } else if a.bytes.is_none() && a.files.is_none() {
+        // No limit given: this directory's usage and quota.
+        output::du(&current, &path, f);
+        return Ok(0);
+    } else {
+        let keep = |k: &str| current["du"][k].as_u64().unwrap_or(0);
+        (
+            a.bytes.unwrap_or_else(|| keep("quota_bytes")),
+            a.files.unwrap_or_else(|| keep("quota_files")),
+        )
+    };
+    let v = t.change(json!({"op": "quota", "path": path, "bytes": bytes, "files": files}))?;
+    output::quota_set(&v["quota"], f);
     Ok(0)
 }
 

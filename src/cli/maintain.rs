@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::args::{Compact, Expire};
-use super::output::{self, Format, Progress};
+use super::output::{self, Format};
 use super::target::Target;
 use super::time;
 
@@ -20,20 +20,12 @@ pub(super) fn expire(a: Expire) -> Result<i32, String> {
     let files: Vec<(String, i64)> =
         serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
     if !a.dry_run {
-        match &t.mountpoint {
-            // Through the mount, so the kernel's caches stay true.
-            Some(mp) => {
-                let progress = Progress::new("expire", f);
-                for (i, (p, _)) in files.iter().enumerate() {
-                    let full = mp.join(p.trim_start_matches('/'));
-                    std::fs::remove_file(&full).map_err(|e| format!("{}: {e}", full.display()))?;
-                    progress.update(i as u64 + 1);
-                }
-            }
-            None => {
-                let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
-                crate::tools::remove_files(&t.open_existing()?, &paths)?;
-            }
+        let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
+        if t.is_mounted() {
+            // By the daemon, in one transaction; it tells the kernel what went.
+            t.change(json!({"op": "expire", "paths": paths}))?;
+        } else {
+            crate::tools::remove_files(&t.open_existing()?, &paths)?;
         }
     }
     output::expired(&files, a.dry_run, f);

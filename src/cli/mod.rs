@@ -93,6 +93,7 @@ fn run(cmd: Cmd) -> Result<i32, String> {
         Cmd::Cat(a) => inspect::cat(a),
         Cmd::Tree(a) => inspect::tree(a),
         Cmd::Du(a) => inspect::du(a),
+        Cmd::Quota(a) => inspect::quota(a),
         Cmd::Stats(a) => inspect::stats(a),
         Cmd::Snapshot(a) => transfer::snapshot(a),
         Cmd::Restore(a) if a.from.is_some() => replica::restore_from(a),

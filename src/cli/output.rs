@@ -585,12 +585,88 @@ pub(super) fn du(v: &Value, path: &str, f: Format) {
         return;
     }
     outln!(
-        "{}\t{}\t({} files, {} directories)",
+        "{}\t{}\t({} files, {} directories){}",
         d["bytes"],
         shown(path),
         d["files"],
-        d["dirs"]
+        d["dirs"],
+        quota_note(d)
     );
+}
+
+/// ", quota 10485760 bytes, 1000 files" for a directory with a quota; empty otherwise.
+fn quota_note(d: &Value) -> String {
+    let mut out = String::new();
+    for (key, unit) in [("quota_bytes", "bytes"), ("quota_files", "files")] {
+        if let Some(n) = d[key].as_u64().filter(|n| *n > 0) {
+            out.push_str(&format!(", quota {n} {unit}"));
+        }
+    }
+    out
+}
+
+/// `quota STORE`: one line per directory with a quota: used/limit bytes, used/limit files.
+pub(super) fn quotas(list: &Value, f: Format) {
+    if f == Format::Json {
+        outln!("{list}");
+        return;
+    }
+    let rows = list.as_array().map(Vec::as_slice).unwrap_or_default();
+    if rows.is_empty() {
+        errln!("no quotas");
+        return;
+    }
+    outln!(
+        "{:>14} {:>14} {:>10} {:>10}  path",
+        "bytes",
+        "limit",
+        "files",
+        "limit"
+    );
+    for q in rows {
+        let limit = |k: &str| match q[k].as_u64() {
+            Some(0) | None => "-".to_string(),
+            Some(n) => n.to_string(),
+        };
+        outln!(
+            "{:>14} {:>14} {:>10} {:>10}  {}",
+            q["bytes"],
+            limit("bytes_limit"),
+            q["files"],
+            limit("files_limit"),
+            text(&q["path"])
+        );
+    }
+}
+
+pub(super) fn quota_set(q: &Value, f: Format) {
+    if f == Format::Json {
+        outln!("{q}");
+        return;
+    }
+    let (b, n) = (
+        q["bytes_limit"].as_u64().unwrap_or(0),
+        q["files_limit"].as_u64().unwrap_or(0),
+    );
+    if b == 0 && n == 0 {
+        done(&format!("{}: no quota", text(&q["path"])));
+        return;
+    }
+    let limit = |n: u64, unit: &str| {
+        if n == 0 {
+            format!("no {unit} limit")
+        } else {
+            format!("{n} {unit}")
+        }
+    };
+    done(&format!(
+        "{}: quota {}, {} (holds {} bytes, {} files and directories)",
+        text(&q["path"]),
+        limit(b, "bytes"),
+        limit(n, "files"),
+        q["bytes"],
+        q["files"]
+    ));
 }
 
 pub(super) fn stats(store: &Path, mountpoint: Option<&Path>, v: &Value, f: Format) {
@@ -618,6 +694,10 @@ pub(super) fn stats(store: &Path, mountpoint: Option<&Path>, v: &Value, f: Forma
     for f in s["largest"].as_array().into_iter().flatten() {
         outln!("  {:>12}  {}", f[1], text(&f[0]));
     }
+    if s["quotas"].as_array().is_some_and(|l| !l.is_empty()) {
+        outln!("quotas:");
+        quotas(&s["quotas"], Format::Human);
+    }
 }
 
 /// The files expire removed (or would remove), with when each was last used.
@@ -637,38 +717,87 @@ pub(super) fn compacted(store: &Path, before: u64, after: u64) {
     errln!("compacted {}: {before} -> {after} bytes", shown_path(store));
 }
 
-pub(super) fn log(v: &Value, f: Format) {
-    if f == Format::Json {
-        outln!("{}", v["records"]);
-        return;
+/// `log`'s output, written as the pages of records arrive: through one buffer, flushed
+/// after each page (the first line shows at once), as a JSON array with `--json`.
+pub(super) struct LogWriter {
+    out: std::io::BufWriter<std::io::Stdout>,
+    format: Format,
+    written: u64,
+}
+
+impl LogWriter {
+    pub fn new(format: Format) -> LogWriter {
+        LogWriter {
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout()),
+            format,
+            written: 0,
+        }
     }
-    for r in v["records"].as_array().into_iter().flatten() {
-        let paths: Vec<String> = r["paths"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.as_str())
-            .map(shown)
-            .collect();
-        outln!(
-            "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
-            r["seq"],
-            fmt_time(r["time"].as_i64().unwrap_or(0)),
-            text(&r["op"]),
-            paths.join(" -> "),
-            r["size_before"],
-            r["size_after"],
-            r["uid"],
-            r["pid"],
-            text(&r["comm"]),
-            if r["redacted"] == true {
-                "  [redacted]"
-            } else {
-                ""
+
+    /// Writes one page of records; false when the reader has gone (a closed pipe).
+    pub fn records(&mut self, records: &[Value]) -> Result<bool, String> {
+        let r = self.write_page(records).and_then(|()| self.out.flush());
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+            Err(e) => Err(format!("writing the log: {e}")),
+        }
+    }
+
+    fn write_page(&mut self, records: &[Value]) -> std::io::Result<()> {
+        for r in records {
+            if self.format == Format::Json {
+                let sep = if self.written == 0 { "[" } else { "," };
+                write!(self.out, "{sep}{r}")?;
+                self.written += 1;
+                continue;
             }
-        );
-        if let Some(c) = r["conflict"].as_str() {
-            outln!("        {}", shown(c));
+            self.written += 1;
+            let paths: Vec<String> = r["paths"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_str())
+                .map(shown)
+                .collect();
+            writeln!(
+                self.out,
+                "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
+                r["seq"],
+                fmt_time(r["time"].as_i64().unwrap_or(0)),
+                text(&r["op"]),
+                paths.join(" -> "),
+                r["size_before"],
+                r["size_after"],
+                r["uid"],
+                r["pid"],
+                text(&r["comm"]),
+                if r["redacted"] == true {
+                    "  [redacted]"
+                } else {
+                    ""
+                }
+            )?;
+            if let Some(c) = r["conflict"].as_str() {
+                writeln!(self.out, "        {}", shown(c))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the output (closes the JSON array).
+    pub fn finish(mut self) -> Result<(), String> {
+        let r = if self.format == Format::Json {
+            let open = if self.written == 0 { "[" } else { "" };
+            writeln!(self.out, "{open}]").and_then(|()| self.out.flush())
+        } else {
+            self.out.flush()
+        };
+        match r {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(format!("writing the log: {e}"))
+            }
+            _ => Ok(()),
         }
     }
 }

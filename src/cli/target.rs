@@ -98,6 +98,21 @@ impl Target {
         })
     }
 
+    /// Runs `f` with a way to ask several read-only queries of one store: over one
+    /// connection to the daemon when mounted, else of the file opened read-only once.
+    pub fn asking<T>(
+        &self,
+        f: impl FnOnce(&mut dyn FnMut(Value) -> Result<Value, String>) -> Result<T, String>,
+    ) -> Result<T, String> {
+        if self.is_mounted() {
+            let mut client = control::Client::connect(&self.store).map_err(|e| {
+                format!("{}: the daemon does not answer: {e}", self.store.display())
+            })?;
+            return f(&mut |req| client.call(&req));
+        }
+        self.read(|s, r| f(&mut |req| tools::query(r, s.file_bytes(), &req)))
+    }
+
     /// A history change, made as the calling user and process.
     pub fn change(&self, mut req: Value) -> Result<Value, String> {
         req["uid"] = json!(nix::unistd::getuid().as_raw());

@@ -25,14 +25,25 @@ pub(super) fn snapshot(a: Snapshot) -> Result<i32, String> {
         mount::absolute(&a.out)?
     };
     let v = match &a.at {
-        Some(at) => t.change(json!({"op": "snapshot_at", "out": dest, "at": time::point(at)}))?,
-        None => t.run(json!({"op": "snapshot", "out": dest}), |_| {
-            t.read(|_, r| {
-                let progress = Progress::new("snapshot", f);
-                let info = tools::snapshot(r, &dest, &mut |n| progress.update(n))?;
-                Ok(json!({"snapshot": info}))
-            })
-        })?,
+        Some(at) => t.change(
+            json!({"op": "snapshot_at", "out": dest, "at": time::point(at),
+                                    "subtree": a.path}),
+        )?,
+        None => t.run(
+            json!({"op": "snapshot", "out": dest, "path": a.path}),
+            |_| {
+                t.read(|_, r| {
+                    let progress = Progress::new("snapshot", f);
+                    let info = match &a.path {
+                        Some(p) => {
+                            tools::snapshot_subtree(r, p, &dest, &mut |n| progress.update(n))?
+                        }
+                        None => tools::snapshot(r, &dest, &mut |n| progress.update(n))?,
+                    };
+                    Ok(json!({"snapshot": info}))
+                })
+            },
+        )?,
     };
     if to_stdout {
         let copied = crate::private::open_read(&dest).and_then(|mut f| {

@@ -72,6 +72,8 @@ pub struct OpenFile {
     pub writer: Option<crate::process::ProcessId>,
     /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
     pub reserved: u64,
+    /// The same growth held against each directory quota above the file: (directory, bytes).
+    pub dir_reserved: Vec<(u64, u64)>,
 }
 
 impl OpenFile {
@@ -88,6 +90,7 @@ impl OpenFile {
             last_writer: super::Caller::default(),
             writer: None,
             reserved: 0,
+            dir_reserved: Vec::new(),
             spilled: None,
             accounted: 0,
         }

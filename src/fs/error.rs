@@ -47,6 +47,13 @@ pub enum Error {
     TooManyFiles {
         limit: u64,
     },
+    /// Over the quota of directory `root` (`redbfs quota`): `limit` content bytes, or when
+    /// `files`, files and directories below it.
+    DirQuota {
+        root: String,
+        files: bool,
+        limit: u64,
+    },
     /// A history request that cannot be met (history off, expired, no such point).
     History(String),
     /// A replace that would overwrite another process's edit made after this process last
@@ -88,6 +95,8 @@ impl Error {
             Error::QuotaExceeded { .. } => libc::ENOSPC,
             // No inodes left, as df -i would show.
             Error::TooManyFiles { .. } => libc::ENOSPC,
+            // "Disk quota exceeded", as a user's quota on a shared disk answers.
+            Error::DirQuota { .. } | Error::Store(StoreError::DirQuota { .. }) => libc::EDQUOT,
             Error::History(_) => libc::EINVAL,
             // "Resource temporarily unavailable": the SDK's edit commands re-read the file
             // when the model retries, so a retry applies the edit to the current content.
@@ -158,6 +167,19 @@ impl fmt::Display for Error {
                 write!(f, "store would exceed --quota of {limit} content bytes")
             }
             Error::TooManyFiles { limit } => write!(f, "store would exceed --max-files {limit}"),
+            Error::DirQuota {
+                root,
+                files: false,
+                limit,
+            } => write!(f, "{root} would exceed its quota of {limit} content bytes"),
+            Error::DirQuota {
+                root,
+                files: true,
+                limit,
+            } => write!(
+                f,
+                "{root} would exceed its quota of {limit} files and directories"
+            ),
             Error::History(m) => write!(f, "{m}"),
             Error::LostUpdate { maker } => write!(
                 f,
@@ -210,5 +232,12 @@ mod tests {
         assert_eq!(Error::Store(StoreError::Full).errno(), libc::ENOSPC);
         assert_eq!(Error::Invalid("x").errno(), libc::EINVAL);
         assert_eq!(Error::LostUpdate { maker: 1 }.errno(), libc::EAGAIN);
+        let q = Error::DirQuota {
+            root: "/u1".into(),
+            files: false,
+            limit: 10,
+        };
+        assert_eq!(q.errno(), libc::EDQUOT);
+        assert!(q.to_string().contains("/u1"));
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::{Caller, Error, Fs, Result, lock};
-use crate::store::{Kind, ROOT_INO, ReadTxn, Sync, WriteTxn};
+use crate::store::{Kind, Past, ROOT_INO, Sync, TreeView, WriteTxn};
 
 /// What the kernel must forget after a change made outside a kernel request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,17 +132,10 @@ impl Fs {
                 "revert of / is a rollback: use `redbfs rollback`".into(),
             ));
         };
-        let dir = tempfile::Builder::new()
-            .prefix("redbfs-revert-")
-            .tempdir()
-            .map_err(|e| invalid(e.to_string()))?;
-        let then_path = dir.path().join("then.redb");
-        self.store()
-            .read()?
-            .materialize_at(seq, &then_path)
-            .map_err(|e| invalid(e.to_string()))?;
-        let then_store = crate::store::Store::open_existing(&then_path)?;
-        let then = then_store.read()?;
+        // The tree at `seq`, read through history's index from a snapshot taken before the
+        // write lock: records after `seq` are immutable, so the snapshot is the past's.
+        let now = self.store().read()?;
+        let then = now.past(seq).map_err(|e| invalid(e.to_string()))?;
         let walk = |get: &dyn Fn(u64, &str) -> Result<Option<u64>>| -> Result<Option<u64>> {
             let mut cur = ROOT_INO;
             for p in parents {
@@ -167,11 +160,19 @@ impl Fs {
             ))
         })?;
         let mut removals = Vec::new();
+        let mut quota = None;
         if let Some((now_ino, kind)) = w.lookup(parent, name)? {
+            if kind == Kind::Dir {
+                quota = Some(w.subtree(now_ino)?).filter(|q| q.has_quota());
+            }
             self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
         }
         if let Some(ino) = then_ino {
             self.restore_tree(&mut w, &then, ino, parent, name)?;
+        }
+        // A quota belongs to the directory at that path now, whatever inode it gets back.
+        if let (Some(q), Some((ino, Kind::Dir))) = (quota, w.lookup(parent, name)?) {
+            w.set_quota(ino, q.quota_bytes, q.quota_files)?;
         }
         let now = crate::store::now_ns();
         let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
@@ -192,6 +193,66 @@ impl Fs {
             self.finish_removal(ino, r, res.is_ok());
         }
         res
+    }
+
+    /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
+    /// file the kernel references or a handle holds becomes an orphan, as with unlink; the
+    /// kernel is told to drop the names. A path that is gone or not a file is passed over.
+    /// Returns the paths removed.
+    pub fn remove_files(&self, caller: Caller, paths: &[String]) -> Result<Vec<String>> {
+        self.writable()?;
+        self.flush_all();
+        let mut w = self.store().write()?;
+        let mut removals = Vec::new();
+        let mut removed = Vec::new();
+        // What the kernel must drop, whether or not history names it.
+        let (mut names, mut inodes) = (Vec::new(), Vec::new());
+        let now = crate::store::now_ns();
+        for p in paths {
+            let (parent, name) = match p.trim_end_matches('/').rsplit_once('/') {
+                Some((dir, name)) if !name.is_empty() => (dir, name),
+                _ => continue,
+            };
+            let mut dir = ROOT_INO;
+            let mut found = true;
+            for part in parent.split('/').filter(|s| !s.is_empty()) {
+                let part = self.parse_name(part.as_bytes())?;
+                match w.lookup(dir, part.as_str())? {
+                    Some((ino, Kind::Dir)) => dir = ino,
+                    _ => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            let name = self.parse_name(name.as_bytes())?;
+            let Some((ino, Kind::File)) = w.lookup(dir, name.as_str())?.filter(|_| found) else {
+                continue;
+            };
+            let r = self.claim_removal(ino);
+            Self::stage_removal(&mut w, ino, &r)?;
+            removals.push((ino, r));
+            w.remove_dirent(dir, name.as_str())?;
+            let mut d = w.inode(dir)?.ok_or(Error::NotFound)?;
+            d.mtime = now;
+            d.ctime = now;
+            w.put_inode(&d)?;
+            removed.push(p.clone());
+            names.push((dir, name.as_str().to_string()));
+            // The directory's times changed; an open file's buffer is left alone.
+            inodes.push(dir);
+        }
+        self.describe(&mut w, caller, "expire", 0, |_| removed.clone(), 0, 0);
+        let res = self.commit(w, Sync::Durable);
+        if res.is_ok() {
+            inodes.sort_unstable();
+            inodes.dedup();
+            self.after_out_of_band(names, inodes);
+        }
+        for (ino, r) in removals {
+            self.finish_removal(ino, r, res.is_ok());
+        }
+        res.map(|()| removed)
     }
 
     /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle
@@ -224,7 +285,7 @@ impl Fs {
     fn restore_tree(
         &self,
         w: &mut WriteTxn<'_>,
-        then: &ReadTxn,
+        then: &Past<'_>,
         ino: u64,
         parent: u64,
         name: &str,
@@ -291,16 +352,14 @@ impl Fs {
         let r = self.store().read()?;
         let records = r.history_of(Some(path), None, usize::MAX)?;
         let mut blobs: Vec<u64> = match at {
-            Some(seq) => r
-                .at_point(seq, |t| {
-                    let (inode, _) = super::resolve_path(t, path)?;
-                    Ok(t.filemap_of(inode.ino)
-                        .map_err(|e| e.to_string())?
-                        .into_iter()
-                        .map(|(_, b)| b)
-                        .collect())
-                })
-                .map_err(invalid)?,
+            Some(seq) => {
+                let then = r.past(seq).map_err(|e| invalid(e.to_string()))?;
+                let (inode, _) = super::resolve_path(&then, path).map_err(invalid)?;
+                TreeView::filemap_of(&then, inode.ino)?
+                    .into_iter()
+                    .map(|(_, b)| b)
+                    .collect()
+            }
             None => records
                 .iter()
                 .flat_map(|rec| &rec.undo)
@@ -310,10 +369,17 @@ impl Fs {
                 })
                 .collect(),
         };
-        // The current content is not history.
+        // The current content is not history: of the file at `path`, or of every file below
+        // the directory at `path` (a revert may have made an old version current again).
         if let Ok((now, _)) = super::resolve_path(&r, path) {
-            let current: std::collections::HashSet<u64> =
-                r.filemap_of(now.ino)?.into_iter().map(|(_, b)| b).collect();
+            let mut current = std::collections::HashSet::new();
+            let mut stack = vec![(now.ino, now.kind)];
+            while let Some((ino, kind)) = stack.pop() {
+                match kind {
+                    Kind::File => current.extend(r.filemap_of(ino)?.into_iter().map(|(_, b)| b)),
+                    Kind::Dir => stack.extend(r.list(ino)?.into_iter().map(|e| (e.ino, e.kind))),
+                }
+            }
             blobs.retain(|b| !current.contains(b));
         }
         blobs.sort_unstable();

@@ -13,29 +13,35 @@ impl Fs {
         Ok(())
     }
 
-    /// Counts an open file growing to `new_size` against `--quota`, before the growth is
-    /// accepted: committed content plus what every open file has buffered beyond its
-    /// committed size (five files open at once each took 900 KB under a 1 MB quota when only
-    /// committed bytes counted). The file's share is held in `g.reserved` until its commit.
+    /// Counts an open file growing to `new_size` against `--quota` and against the quota of
+    /// every directory above it, before the growth is accepted: committed content plus what
+    /// every open file has buffered beyond its committed size (five files open at once each
+    /// took 900 KB under a 1 MB quota when only committed bytes counted). The file's share is
+    /// held in `g.reserved` (and `g.dir_reserved`) until its commit.
     pub(super) fn reserve(&self, g: &mut OpenFile, new_size: u64) -> Result<()> {
         let limit = self.limits.quota_bytes;
         let extra = new_size
             .saturating_sub(g.committed_size)
             .saturating_sub(g.reserved);
-        if limit == 0 || extra == 0 {
+        if extra == 0 {
             return Ok(());
         }
         let total = self.reserved.fetch_add(extra, Ordering::AcqRel) + extra;
-        let used = match self.store.read().and_then(|r| r.usage()) {
-            Ok(u) => u.content_bytes,
-            Err(e) => {
-                self.reserved.fetch_sub(extra, Ordering::AcqRel);
-                return Err(e.into());
+        let checked = if limit == 0 {
+            Ok(())
+        } else {
+            match self.store.read().and_then(|r| r.usage()) {
+                Ok(u) if u.content_bytes.saturating_add(total) > limit => {
+                    Err(Error::QuotaExceeded { limit })
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(e.into()),
             }
-        };
-        if used.saturating_add(total) > limit {
+        }
+        .and_then(|()| self.reserve_in_dirs(g, extra));
+        if let Err(e) = checked {
             self.reserved.fetch_sub(extra, Ordering::AcqRel);
-            return Err(Error::QuotaExceeded { limit });
+            return Err(e);
         }
         g.reserved += extra;
         Ok(())
@@ -75,6 +81,7 @@ impl Fs {
             self.reserved.fetch_sub(g.reserved, Ordering::AcqRel);
             g.reserved = 0;
         }
+        self.unreserve_in_dirs(g);
     }
 
     /// Checks that a new entry `name` under `parent` keeps within the path limits and, for a
@@ -148,12 +155,13 @@ impl Fs {
     }
 
     /// A directory moving from (`old_bytes`, `old_depth`) to a longer or deeper place: every
-    /// entry under it must stay within the path limits there. A walk of the subtree, done
-    /// only when the move goes deeper or longer (a subtree that was within the limits stays
-    /// within them otherwise), iterative, and bounded by the store's entries.
+    /// entry under it must stay within the path limits there. The directory's row bounds its
+    /// deepest and longest relative path (see `store::subtree`), so the common case reads one
+    /// row whatever the size of the subtree; only when the bound says a limit might be
+    /// crossed does an exact walk decide (and tighten the bounds it found loose).
     pub(super) fn check_moved_subtree(
         &self,
-        w: &WriteTxn<'_>,
+        w: &mut WriteTxn<'_>,
         dir: u64,
         (old_bytes, old_depth): (usize, usize),
         (new_bytes, new_depth): (usize, usize),
@@ -161,16 +169,13 @@ impl Fs {
         if new_bytes <= old_bytes && new_depth <= old_depth {
             return Ok(());
         }
-        let mut stack = vec![(dir, new_bytes, new_depth)];
-        while let Some((ino, bytes, depth)) = stack.pop() {
-            for e in w.list(ino, usize::MAX)? {
-                let (b, d) = (bytes + e.name.len() + 1, depth + 1);
-                self.check_path(b, d)?;
-                if e.kind == Kind::Dir {
-                    stack.push((e.ino, b, d));
-                }
-            }
+        let within = |(depth, bytes): (u32, u32)| {
+            self.check_path(new_bytes + bytes as usize, new_depth + depth as usize)
+        };
+        let row = w.subtree(dir)?;
+        if within((row.depth, row.path_bytes)).is_ok() {
+            return Ok(());
         }
-        Ok(())
+        within(w.exact_bounds(dir)?)
     }
 }

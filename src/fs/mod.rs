@@ -21,6 +21,7 @@ pub mod lifetime;
 mod limits;
 pub mod name;
 mod open;
+mod quota;
 mod remove;
 mod rename;
 mod store_wide;
@@ -40,11 +41,12 @@ use content::{FileSlot, OpenFile};
 pub use error::{Error, Result};
 use lifetime::{Claim, Lifetimes, Pin};
 pub use name::{Name, NameError, NameRules};
+pub use quota::{QuotaInfo, quotas};
 
 /// The inode at `path` ("/", "/memories/notes.md" or "memories/notes.md") as `r` sees it, and
 /// the path in canonical (NFC) form.
 pub fn resolve_path(
-    r: &store::ReadTxn,
+    r: &impl store::TreeView,
     path: &str,
 ) -> std::result::Result<(Inode, String), String> {
     let mut ino = ROOT_INO;
@@ -277,6 +279,11 @@ pub struct Fs {
     reserved: AtomicU64,
     /// Bytes of memory open files' buffers hold, kept under `--max-buffer`.
     buffered: AtomicU64,
+    /// Bytes open files have buffered beyond their committed size, per directory with a
+    /// byte quota above them (see `Fs::reserve`).
+    dir_reserved: Mutex<HashMap<u64, u64>>,
+    /// Whether any directory has a quota: without one, writes skip the walk up.
+    any_quota: AtomicBool,
     /// Orphans that may have lost their last reference or handle, to reclaim in a batch.
     reclaims: Mutex<Vec<u64>>,
 }
@@ -319,7 +326,11 @@ impl Fs {
             lifetimes: Lifetimes::default(),
             reserved: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
+            dir_reserved: Mutex::new(HashMap::new()),
+            any_quota: AtomicBool::new(false),
         };
+        let quotas = fs.store.read()?.quota_rows()?;
+        fs.any_quota.store(!quotas.is_empty(), Ordering::Release);
         fs.reclaim_orphans()?;
         Ok(fs)
     }
@@ -396,6 +407,14 @@ impl Fs {
                     crate::warn_limited!(error = %e, "could not drop history to make room");
                 }
                 Ok(seq)
+            }
+            Err(StoreError::DirQuota { dir, files, limit }) => {
+                // Nothing was written: a refusal, not a failure.
+                Err(Error::DirQuota {
+                    root: self.path_of(dir),
+                    files,
+                    limit,
+                })
             }
             Err(StoreError::NoRoom) => {
                 // Nothing was written. History gives way to current content.

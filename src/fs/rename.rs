@@ -31,7 +31,12 @@ impl Fs {
     /// What a plain rename (not an exchange) must pass before anything changes: no directory
     /// into its own subtree, the new entry and everything under a moved directory within the
     /// path limits, and a replaced entry of a kind it may replace.
-    fn check_move(&self, w: &WriteTxn<'_>, m: &Move<'_>, dst: Option<(u64, Kind)>) -> Result<()> {
+    fn check_move(
+        &self,
+        w: &mut WriteTxn<'_>,
+        m: &Move<'_>,
+        dst: Option<(u64, Kind)>,
+    ) -> Result<()> {
         if m.src_kind == Kind::Dir && Self::is_within(w, m.new_parent, m.src)? {
             return Err(Error::Invalid(
                 "a directory cannot move into its own subtree",
@@ -39,12 +44,9 @@ impl Fs {
         }
         self.check_new_entry(w, m.new_parent, m.new_name, Some(m.src))?;
         if m.src_kind == Kind::Dir {
-            self.check_moved_subtree(
-                w,
-                m.src,
-                self.path_cost(w, m.parent, m.name.as_str())?,
-                self.path_cost(w, m.new_parent, m.new_name.as_str())?,
-            )?;
+            let old_cost = self.path_cost(w, m.parent, m.name.as_str())?;
+            let new_cost = self.path_cost(w, m.new_parent, m.new_name.as_str())?;
+            self.check_moved_subtree(w, m.src, old_cost, new_cost)?;
         }
         match dst {
             Some((d, dk)) => Self::check_replace(w, m.src_kind, d, dk),
@@ -180,7 +182,7 @@ impl Fs {
             src,
             src_kind,
         };
-        self.check_move(&w, &mv, dst)?;
+        self.check_move(&mut w, &mv, dst)?;
         let mut removal = None;
         if let Some((d, _)) = dst {
             if src_kind == Kind::File {
@@ -237,7 +239,7 @@ impl Fs {
             self.check_path(new_cost.0, new_cost.1)?;
             if kind == Kind::Dir {
                 let old_cost = self.path_cost(&w, from.0, from.1.as_str())?;
-                self.check_moved_subtree(&w, ino, old_cost, new_cost)?;
+                self.check_moved_subtree(&mut w, ino, old_cost, new_cost)?;
             }
         }
         let now = now_ns();

@@ -169,7 +169,12 @@ impl WriteTxn<'_> {
             .sum();
         self.redo.expect(redo_bytes);
         let first = self.next_counters(META_NEXT_BLOB, n)?;
-        self.new_blobs.push(first..first + n);
+        // Blob ids only grow, so the ranges stay ascending; consecutive writes extend one.
+        match self.new_blobs.last_mut() {
+            Some(last) if last.end == first => last.end = first + n,
+            _ => self.new_blobs.push(first..first + n),
+        }
+        self.step(n);
         {
             let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
             for (blob, (_, data)) in (first..).zip(chunks.clone()) {
@@ -211,21 +216,30 @@ impl WriteTxn<'_> {
 
     /// Writes the net reference changes: a blobrefs entry only for counts of 2 or more (a
     /// blob without one has exactly one reference), and a blob that reaches 0 is deleted.
+    /// One pass over the changes in blob order, walking the (ascending) new-blob ranges
+    /// alongside: linear in the transaction's size.
     pub(super) fn apply_ref_deltas(&mut self) -> Result<(), StoreError> {
         let deltas = std::mem::take(&mut self.ref_deltas);
+        let new_blobs = std::mem::take(&mut self.new_blobs);
+        self.step(deltas.len() as u64);
         if deltas.values().all(|&d| d == 0) {
             return Ok(());
         }
         let mut refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
         let mut gone = Vec::new();
+        let mut ranges = new_blobs.iter().peekable();
         for (blob, d) in deltas {
             if d == 0 {
                 continue;
             }
+            while ranges.next_if(|r| r.end <= blob).is_some() {
+                self.step(1);
+            }
+            let created = ranges.peek().is_some_and(|r| r.contains(&blob));
             let stored = refs.get(blob).map_err(map_err)?.map(|v| v.value());
             let base = match stored {
                 Some(n) => n as i64,
-                None if self.new_blobs.iter().any(|r| r.contains(&blob)) => 0,
+                None if created => 0,
                 None => 1,
             };
             match base + d {

@@ -55,7 +55,11 @@ impl ReadTxn {
         let file = crate::private::create_new(out)
             .map_err(|e| StoreError::Refused(crate::private::describe(out, e)))?;
         let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
+        // The copy's pages are written once: a cache as large as the store's own bounds the
+        // memory a snapshot takes (redb's default, 1 GiB, let a daemon's RSS grow by the
+        // whole store during one).
         let db = Database::builder()
+            .set_cache_size(super::CACHE_BYTES)
             .create_with_backend(backend)
             .map_err(map_err)?;
         let mut tx = db.begin_write().map_err(map_err)?;
@@ -70,6 +74,15 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;
+        copy_table(&self.tx, &tx, HISTORY_TIMES, &mut stats, progress)?;
+        if self.subtree_current()? {
+            copy_table(&self.tx, &tx, SUBTREE, &mut stats, progress)?;
+        }
+        if self.has_quota_index()? {
+            copy_table(&self.tx, &tx, QUOTAS, &mut stats, progress)?;
+        }
         // The copy is complete in itself: no log belongs to it, and none ever matches it.
         tx.open_table(META)
             .map_err(map_err)?

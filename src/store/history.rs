@@ -12,30 +12,8 @@ use redb::ReadableTable;
 use super::read::ReadTxn;
 use super::redo::{redo_del, redo_put};
 use super::schema::*;
-use super::write::WriteTxn;
+use super::write::{OpInfo, WriteTxn};
 use super::{Store, StoreError, Sync, corrupt, map_err};
-
-/// What the operation being committed was and who did it, for its history record.
-#[derive(Clone, Debug, Default)]
-pub struct OpInfo {
-    pub op: &'static str,
-    pub paths: Vec<String>,
-    pub ino: u64,
-    pub size_before: u64,
-    pub size_after: u64,
-    pub uid: u32,
-    pub gid: u32,
-    pub pid: u32,
-    /// A lost update this operation made or was refused for (see `fs::conflicts`).
-    pub conflict: Option<String>,
-}
-
-/// Before-images captured while history is on.
-#[derive(Default)]
-pub(super) struct Capture {
-    pub(super) undo: Vec<Undo>,
-    pub(super) seen: std::collections::HashSet<(u8, u64, u64, String)>,
-}
 
 impl Store {
     /// Whether operations append history records.
@@ -103,6 +81,84 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// Calls `f` on every history record, oldest first, one at a time (memory stays flat
+    /// however long the history).
+    pub fn for_each_record(
+        &self,
+        mut f: impl FnMut(HistoryRecord) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            f(HistoryRecord::decode(k.value(), v.value())
+                .ok_or_else(|| corrupt("history record", k.value()))?)?;
+        }
+        Ok(())
+    }
+
+    /// Where history's indexes disagree with the records (for check): each record's keys,
+    /// paths and time indexed, with its before-images, and nothing else indexed.
+    pub fn history_index_findings(&self) -> Result<Vec<String>, StoreError> {
+        let keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+        let paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+        let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+        let mut findings = Vec::new();
+        let (mut n_keys, mut n_paths, mut n_times) = (0u64, 0u64, 0u64);
+        self.for_each_record(|r| {
+            // A key named twice is indexed with its first before-image.
+            let mut seen = std::collections::HashSet::new();
+            let rk: Vec<(Vec<u8>, Vec<u8>)> = r
+                .undo
+                .iter()
+                .map(|u| (u.key(), u.encode()))
+                .filter(|(k, _)| seen.insert(k.clone()))
+                .collect();
+            for (k, v) in &rk {
+                let found = keys.get((k.as_slice(), r.seq)).map_err(map_err)?;
+                if found.as_ref().map(|x| x.value()) != Some(v.as_slice()) {
+                    findings.push(format!(
+                        "history record {} changed a key its index does not hold as it was",
+                        r.seq
+                    ));
+                }
+            }
+            let mut rp: Vec<&str> = r.paths.iter().map(String::as_str).collect();
+            rp.sort_unstable();
+            rp.dedup();
+            for p in &rp {
+                if paths.get((*p, r.seq)).map_err(map_err)?.is_none() {
+                    findings.push(format!(
+                        "history record {} names {p:?}, which its path index lacks",
+                        r.seq
+                    ));
+                }
+            }
+            if times.get((r.time, r.seq)).map_err(map_err)?.is_none() {
+                findings.push(format!(
+                    "history record {} is missing from the time index",
+                    r.seq
+                ));
+            }
+            n_keys += rk.len() as u64;
+            n_paths += rp.len() as u64;
+            n_times += 1;
+            Ok(())
+        })?;
+        use redb::ReadableTableMetadata;
+        for (table, want, got) in [
+            ("history_keys", n_keys, keys.len().map_err(map_err)?),
+            ("history_paths", n_paths, paths.len().map_err(map_err)?),
+            ("history_times", n_times, times.len().map_err(map_err)?),
+        ] {
+            if want != got {
+                findings.push(format!(
+                    "{table} holds {got} entries but the history records account for {want}"
+                ));
+            }
+        }
+        Ok(findings)
+    }
+
     /// The seq of the newest history record (0 when there is none yet).
     pub fn last_seq(&self) -> Result<u64, StoreError> {
         Ok(self
@@ -158,6 +214,7 @@ impl ReadTxn {
         let s = Store::open_existing(out)?;
         let mut w = s.write()?;
         w.without_history();
+        w.without_quotas();
         for rec in w.history_after(seq)? {
             w.apply_undo(&rec.undo)?;
         }
@@ -185,45 +242,217 @@ impl ReadTxn {
     }
 
     /// History records, newest first, for the whole store or for `path` (following it back
-    /// through renames of it or of a directory above it), no older than `since_ns`.
+    /// through renames of it or of a directory above it), no older than `since_ns`; whole,
+    /// with their undo entries.
     pub fn history_of(
         &self,
         path: Option<&str>,
         since_ns: Option<i64>,
         limit: usize,
     ) -> Result<Vec<HistoryRecord>, StoreError> {
-        let mut tracked = path.map(|p| {
-            let p = format!("/{}", p.trim_matches('/'));
-            if p == "/" {
-                p
-            } else {
-                p.trim_end_matches('/').to_string()
-            }
-        });
         let mut out = Vec::new();
-        let within =
-            |p: &str, base: &str| base == "/" || p == base || p.starts_with(&format!("{base}/"));
-        for rec in self.history(0..=u64::MAX)? {
-            if since_ns.is_some_and(|s| rec.time < s) || out.len() >= limit {
-                break;
-            }
-            let keep = match &tracked {
-                None => true,
-                Some(t) => rec.paths.iter().any(|p| within(p, t) || within(t, p)),
-            };
-            if let (Some(t), true) = (&mut tracked, rec.op == "rename" || rec.op == "exchange")
-                && let [from, to] = rec.paths.as_slice()
-                && within(t, to)
-            {
-                // Older records knew the tracked path under its name before the rename.
-                *t = format!("{from}{}", &t[to.len()..]);
-            }
-            if keep {
-                out.push(rec);
+        let mut cursor = LogCursor::start(path);
+        while out.len() < limit {
+            let (page, next) = self.page(&cursor, since_ns, (limit - out.len()).min(4096), true)?;
+            out.extend(page);
+            match next {
+                Some(c) => cursor = c,
+                None => break,
             }
         }
         Ok(out)
     }
+
+    /// Up to `limit` history records, newest first, from where `cursor` stands, and where the
+    /// next page starts (None when there is no more). A page costs what it returns: the
+    /// whole store's log walks `history` back from the cursor (down to the first record at or
+    /// after `since_ns`, found in `history_times`); a path's log merges, from
+    /// `history_paths`, the records that name the path, a directory above it or a path
+    /// below it, and follows the path back through renames.
+    /// The records come without their undo entries (`HistoryRecord::decode_summary`).
+    pub fn history_page(
+        &self,
+        cursor: &LogCursor,
+        since_ns: Option<i64>,
+        limit: usize,
+    ) -> Result<(Vec<HistoryRecord>, Option<LogCursor>), StoreError> {
+        self.page(cursor, since_ns, limit, false)
+    }
+
+    /// `history_page`, with the records' undo entries when `undo`.
+    fn page(
+        &self,
+        cursor: &LogCursor,
+        since_ns: Option<i64>,
+        limit: usize,
+        undo: bool,
+    ) -> Result<(Vec<HistoryRecord>, Option<LogCursor>), StoreError> {
+        let decode = if undo {
+            HistoryRecord::decode
+        } else {
+            HistoryRecord::decode_summary
+        };
+        let stop = match since_ns {
+            None => 0,
+            Some(since) => {
+                let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+                match times.range((since, 0)..).map_err(map_err)?.next() {
+                    Some(item) => item.map_err(map_err)?.0.value().1,
+                    None => return Ok((Vec::new(), None)),
+                }
+            }
+        };
+        let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let get = |seq: u64| -> Result<Option<HistoryRecord>, StoreError> {
+            match hist.get(seq).map_err(map_err)? {
+                None => Ok(None),
+                Some(v) => decode(seq, v.value())
+                    .map(Some)
+                    .ok_or_else(|| corrupt("history record", seq)),
+            }
+        };
+        let recent = |r: &HistoryRecord| since_ns.is_none_or(|s| r.time >= s);
+        let mut out = Vec::new();
+        let Some(tracked) = cursor.tracked.as_deref().filter(|t| *t != "/") else {
+            // The whole store.
+            for item in hist.range(stop..cursor.before).map_err(map_err)?.rev() {
+                if out.len() >= limit {
+                    let before = out.last().map_or(cursor.before, |r: &HistoryRecord| r.seq);
+                    let next = LogCursor {
+                        before,
+                        tracked: cursor.tracked.clone(),
+                    };
+                    return Ok((out, Some(next)));
+                }
+                let (k, v) = item.map_err(map_err)?;
+                let r = decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                if recent(&r) {
+                    out.push(r);
+                }
+            }
+            return Ok((out, None));
+        };
+        let paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+        let newest_below = |p: &str, before: u64| -> Result<Option<u64>, StoreError> {
+            match paths
+                .range((p, 0)..(p, before))
+                .map_err(map_err)?
+                .next_back()
+            {
+                Some(item) => Ok(Some(item.map_err(map_err)?.0.value().1)),
+                None => Ok(None),
+            }
+        };
+        // Records naming a path below `t`, before `before`: ascending, so the newest is last.
+        let below = |t: &str, before: u64| -> Result<Vec<u64>, StoreError> {
+            let (lo, hi) = (format!("{t}/"), format!("{t}0"));
+            let mut v = Vec::new();
+            for item in paths
+                .range((lo.as_str(), 0)..(hi.as_str(), 0))
+                .map_err(map_err)?
+            {
+                let seq = item.map_err(map_err)?.0.value().1;
+                if seq < before {
+                    v.push(seq);
+                }
+            }
+            v.sort_unstable();
+            v.dedup();
+            Ok(v)
+        };
+        let mut t = tracked.to_string();
+        let mut before = cursor.before;
+        let mut under = below(&t, before)?;
+        loop {
+            if out.len() >= limit {
+                let next = LogCursor {
+                    before,
+                    tracked: Some(t),
+                };
+                return Ok((out, Some(next)));
+            }
+            let mut newest = under.last().copied();
+            for p in self_and_above(&t) {
+                newest = newest.max(newest_below(p, before)?);
+            }
+            let Some(seq) = newest.filter(|s| *s >= stop) else {
+                return Ok((out, None));
+            };
+            while under.last() == Some(&seq) {
+                under.pop();
+            }
+            before = seq;
+            let Some(rec) = get(seq)? else { continue };
+            if (rec.op == "rename" || rec.op == "exchange")
+                && let [from, to] = rec.paths.as_slice()
+                && within(&t, to)
+            {
+                // Older records knew the tracked path under its name before the rename.
+                t = format!("{from}{}", &t[to.len()..]);
+                under = below(&t, before)?;
+            }
+            if recent(&rec) {
+                out.push(rec);
+            }
+        }
+    }
+
+    /// The newest record committed at or before `at` (ns since the epoch), from
+    /// `history_times`; 0 (the point before any record) when there is none.
+    pub fn seq_at_time(&self, at: i64) -> Result<u64, StoreError> {
+        let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+        match times.range(..=(at, u64::MAX)).map_err(map_err)?.next_back() {
+            Some(item) => Ok(item.map_err(map_err)?.0.value().1),
+            None => Ok(0),
+        }
+    }
+}
+
+/// Where a paged `log` goes on from: the next record is older than `before`; a path's log
+/// follows the path under the name older records knew it by (`tracked`; None or "/" for the
+/// whole store).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogCursor {
+    pub before: u64,
+    pub tracked: Option<String>,
+}
+
+impl LogCursor {
+    /// The newest record of the whole store's log, or of `path`'s.
+    pub fn start(path: Option<&str>) -> LogCursor {
+        LogCursor {
+            before: u64::MAX,
+            tracked: path.map(|p| {
+                let p = format!("/{}", p.trim_matches('/'));
+                if p == "/" {
+                    p
+                } else {
+                    p.trim_end_matches('/').to_string()
+                }
+            }),
+        }
+    }
+}
+
+/// Whether `p` is `base` or below it.
+fn within(p: &str, base: &str) -> bool {
+    base == "/" || p == base || (p.starts_with(base) && p.as_bytes().get(base.len()) == Some(&b'/'))
+}
+
+/// `path` and every directory above it, up to "/".
+fn self_and_above(path: &str) -> impl Iterator<Item = &str> {
+    let mut next = Some(path);
+    std::iter::from_fn(move || {
+        let cur = next?;
+        next = match cur.rfind('/') {
+            _ if cur == "/" => None,
+            Some(0) => Some("/"),
+            Some(i) => Some(&cur[..i]),
+            None => None,
+        };
+        Some(cur)
+    })
 }
 
 impl WriteTxn<'_> {
@@ -270,6 +499,7 @@ impl WriteTxn<'_> {
         if let Some(c) = self.capture.take()
             && (!c.undo.is_empty() || noted)
         {
+            self.step(c.undo.len() as u64);
             let seq = self.next_counter(META_HISTORY_NEXT)?;
             let info = self.info.take().unwrap_or(OpInfo {
                 op: "change",
@@ -296,6 +526,7 @@ impl WriteTxn<'_> {
                 conflict: info.conflict,
             };
             self.put_record(&record)?;
+            self.index_record(&record)?;
             let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
             if keep > 0 {
                 // A bounded batch per commit keeps every commit cheap; the rest follow.
@@ -374,6 +605,7 @@ impl WriteTxn<'_> {
                 self.blob_unref(*b);
             }
         }
+        self.unindex_record(r)?;
         self.tx
             .open_table(HISTORY)
             .map_err(map_err)?
@@ -390,12 +622,17 @@ impl WriteTxn<'_> {
             let mut v = Vec::new();
             for item in t.iter().map_err(map_err)?.take(max) {
                 let (k, val) = item.map_err(map_err)?;
-                let r = HistoryRecord::decode(k.value(), val.value())
+                // The time alone first: every commit looks at the oldest record, which may be
+                // a large one (an import's), and decodes it only to drop it.
+                let time = HistoryRecord::time_of(val.value())
                     .ok_or_else(|| corrupt("history record", k.value()))?;
-                if r.time >= cutoff {
+                if time >= cutoff {
                     break;
                 }
-                v.push(r);
+                v.push(
+                    HistoryRecord::decode(k.value(), val.value())
+                        .ok_or_else(|| corrupt("history record", k.value()))?,
+                );
             }
             v
         };
@@ -415,6 +652,82 @@ impl WriteTxn<'_> {
             .map_err(map_err)?;
         redo_put(&self.redo, HISTORY, &r.seq, &bytes.as_slice());
         Ok(())
+    }
+
+    /// Adds `r` to history's indexes (by key, path and time; see `schema`).
+    pub(super) fn index_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
+        self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
+        let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+        // Backwards, so a key named twice keeps its first (oldest) before-image.
+        for u in r.undo.iter().rev() {
+            let (k, v) = (u.key(), u.encode());
+            keys.insert((k.as_slice(), r.seq), v.as_slice())
+                .map_err(map_err)?;
+            redo_put(
+                &self.redo,
+                HISTORY_KEYS,
+                &(k.as_slice(), r.seq),
+                &v.as_slice(),
+            );
+        }
+        let mut paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+        for p in &r.paths {
+            paths.insert((p.as_str(), r.seq), ()).map_err(map_err)?;
+            redo_put(&self.redo, HISTORY_PATHS, &(p.as_str(), r.seq), &());
+        }
+        let mut times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+        times.insert((r.time, r.seq), ()).map_err(map_err)?;
+        redo_put(&self.redo, HISTORY_TIMES, &(r.time, r.seq), &());
+        Ok(())
+    }
+
+    /// Removes `r` from history's indexes.
+    fn unindex_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
+        self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
+        let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+        for u in &r.undo {
+            let k = u.key();
+            keys.remove((k.as_slice(), r.seq)).map_err(map_err)?;
+            redo_del(&self.redo, HISTORY_KEYS, &(k.as_slice(), r.seq));
+        }
+        let mut paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+        for p in &r.paths {
+            paths.remove((p.as_str(), r.seq)).map_err(map_err)?;
+            redo_del(&self.redo, HISTORY_PATHS, &(p.as_str(), r.seq));
+        }
+        let mut times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+        times.remove((r.time, r.seq)).map_err(map_err)?;
+        redo_del(&self.redo, HISTORY_TIMES, &(r.time, r.seq));
+        Ok(())
+    }
+
+    /// Indexes every history record (the format-3 migration); how many there were.
+    pub(super) fn index_all_history(&mut self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        let mut after = 0;
+        loop {
+            // In batches, so memory stays bounded however long the history is.
+            let batch: Vec<HistoryRecord> = {
+                let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+                let mut v = Vec::new();
+                for item in t.range(after + 1..).map_err(map_err)?.take(4096) {
+                    let (k, val) = item.map_err(map_err)?;
+                    v.push(
+                        HistoryRecord::decode(k.value(), val.value())
+                            .ok_or_else(|| corrupt("history record", k.value()))?,
+                    );
+                }
+                v
+            };
+            let Some(last) = batch.last() else {
+                return Ok(n);
+            };
+            after = last.seq;
+            for r in &batch {
+                self.index_record(r)?;
+                n += 1;
+            }
+        }
     }
 
     pub fn set_mark(&self, name: &str, seq: u64) -> Result<(), StoreError> {

@@ -3,13 +3,17 @@
 //! transaction that commits whole or not at all.
 //!
 //! Invariant kept here: the `meta` counters (`next_ino`, `next_blob`, content bytes, file and
-//! directory counts) change in the same transaction as the records they count.
+//! directory counts) and the per-directory counts change in the same transaction as the
+//! records they count.
 //!
 //! This file holds what every room shares: the error, the `Store` handle and its state. The
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
 //! with the schema's accessors; `content` stores file content in blobs and counts their
-//! references; `history` captures before-images and answers history queries; `commit` is the
+//! references; `history` captures before-images, keeps history's indexes and answers history
+//! queries; `past` reads the tree as it was at a point of history through those indexes;
+//! `subtree` keeps what every directory carries (the counts below it, bounds of its paths, its
+//! quota) along its parents in each commit; `commit` is the
 //! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
@@ -25,6 +29,7 @@ pub mod fault;
 mod follow;
 mod history;
 mod open;
+mod past;
 mod read;
 mod readonly;
 mod redo;
@@ -32,6 +37,7 @@ mod replica;
 pub mod schema;
 #[doc(hidden)]
 pub mod sim;
+mod subtree;
 pub mod wal;
 mod write;
 
@@ -43,7 +49,8 @@ use redb::Database;
 
 pub use copy::CopyStats;
 pub use follow::Changed;
-pub use history::OpInfo;
+pub use history::LogCursor;
+pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{ReadOnlyStore, is_store_file};
 pub use replica::{
@@ -51,8 +58,10 @@ pub use replica::{
     SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,
     record_time,
 };
-pub use schema::{CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, Undo};
-pub use write::WriteTxn;
+pub use schema::{
+    CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, SubtreeRecord, Undo,
+};
+pub use write::{OpInfo, WriteTxn};
 
 /// Why the store could not do what was asked.
 #[derive(Debug)]
@@ -81,6 +90,9 @@ pub enum StoreError {
     /// The store must be written before it can be read as it is (recovered after a crash,
     /// or migrated), which a read-only open never does.
     NeedsWriting { path: PathBuf, why: &'static str },
+    /// Refused before committing: the transaction grows directory `dir` past its quota of
+    /// `limit` content bytes (or, when `files`, files and directories). Nothing was written.
+    DirQuota { dir: u64, files: bool, limit: u64 },
 }
 
 impl std::fmt::Display for StoreError {
@@ -111,6 +123,15 @@ impl std::fmt::Display for StoreError {
                 "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
                  which reads a recovered private copy) before opening it read-only",
                 path.display()
+            ),
+            StoreError::DirQuota { dir, files, limit } => write!(
+                f,
+                "directory inode {dir} would exceed its quota of {limit} {}",
+                if *files {
+                    "files and directories"
+                } else {
+                    "content bytes"
+                }
             ),
             StoreError::Checksum { ino, idx, blob } => write!(
                 f,
@@ -185,6 +206,12 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
+    /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
+    commit_steps: AtomicU64,
+    /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
+    /// whether a flush runs now.
+    preflush: OnceLock<Option<std::sync::Arc<std::fs::File>>>,
+    preflushing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// redb refused a write transaction after an I/O error (it asks to be reopened).
     failed: std::sync::atomic::AtomicBool,
     /// The replicas' queues of committed records (see `replica`) and where the store was
@@ -193,6 +220,8 @@ pub struct Store {
     /// Why `write` refuses although the file is writable (a follower's store, which only its
     /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
     frozen: Mutex<Option<String>>,
+    /// Operations the per-directory aggregates did (see `subtree`).
+    subtree_work: AtomicU64,
 }
 
 impl Store {

@@ -50,7 +50,12 @@ impl Store {
         let store = Store::over(Engine::Writable(db), faults, disk, path);
         // Before anything commits: the first commit starts a new log.
         store.recover()?;
+        // Judged before a migration or the formatting of a new store commits.
+        let stale = store.subtree_stale()?;
         store.init_or_verify(root_owner)?;
+        if stale {
+            store.build_subtree()?;
+        }
         Ok(store)
     }
 
@@ -70,9 +75,13 @@ impl Store {
             wal: OnceLock::new(),
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
+            commit_steps: AtomicU64::new(0),
+            preflush: OnceLock::new(),
+            preflushing: Default::default(),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
             frozen: Mutex::new(None),
+            subtree_work: AtomicU64::new(0),
         }
     }
 
@@ -154,9 +163,24 @@ impl Store {
                 n += 1;
             }
         }
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(
+            META_FORMAT,
+            &(schema::FORMAT_WITHOUT_HISTORY_INDEXES as u64).to_le_bytes(),
+        )?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), chunks = n, "store format 2 migrated to 3: every content chunk now has a checksum");
+        Ok(())
+    }
+
+    /// Migrates a format-3 store: history's indexes are built from the history table, in
+    /// one durable transaction (linear in the records).
+    fn build_history_indexes(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        let n = w.index_all_history()?;
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), records = n, "store format 3 migrated to 4: history is indexed by key, path and time");
         Ok(())
     }
 
@@ -171,6 +195,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 drop(r);
                 self.add_checksums()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_WITHOUT_HISTORY_INDEXES as u64 => {
+                drop(r);
+                self.build_history_indexes()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -214,6 +243,11 @@ impl Store {
             tx.open_table(HISTORY).map_err(map_err)?;
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
+            tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+            tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+            tx.open_table(SUBTREE).map_err(map_err)?;
+            tx.open_table(QUOTAS).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,
@@ -368,5 +402,48 @@ mod tests {
             .flat_map(|c| c.unwrap())
             .collect();
         assert_eq!(got, data);
+    }
+
+    /// A store of format 3 (history without its indexes) gets them built when opened: the
+    /// indexes then agree with every record, and a past point reads through them.
+    #[test]
+    fn a_format_3_store_gets_history_indexes_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        {
+            let store = Store::open_or_create(&path, (0, 0)).unwrap();
+            store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+            for (i, text) in ["one", "two", "three"].iter().enumerate() {
+                let mut w = store.write().unwrap();
+                w.put_chunk(7, 0, text.as_bytes()).unwrap();
+                w.describe(crate::store::OpInfo {
+                    op: "write",
+                    paths: vec![format!("/f{i}")],
+                    ..Default::default()
+                });
+                w.commit(Sync::Durable).unwrap();
+            }
+            // Back to format 3: no indexes.
+            let mut w = store.write().unwrap();
+            w.without_history();
+            w.tx.delete_table(HISTORY_TIMES).unwrap();
+            w.tx.delete_table(HISTORY_PATHS).unwrap();
+            w.tx.delete_table(HISTORY_KEYS).unwrap();
+            w.put_meta(META_FORMAT, &3u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+        }
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        assert_eq!(r.last_seq().unwrap(), 3);
+        let past = r.past(1).unwrap();
+        let got = crate::store::TreeView::chunks(&past, 7, 0, 1).unwrap();
+        assert_eq!(got[0].as_deref(), Some(&b"one"[..]));
+        let log = r.history_of(Some("/f1"), None, usize::MAX).unwrap();
+        assert_eq!(log.iter().map(|h| h.seq).collect::<Vec<_>>(), vec![2]);
     }
 }

@@ -68,6 +68,9 @@ impl Store {
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 return Err(needs("is of store format 2 and must be migrated"));
             }
+            Some(v) if v == FORMAT_WITHOUT_HISTORY_INDEXES as u64 => {
+                return Err(needs("is of store format 3 and must be migrated"));
+            }
             Some(v) => {
                 return Err(StoreError::UnknownFormat {
                     path: path.to_path_buf(),
@@ -129,14 +132,146 @@ impl ReadOnlyStore {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)
     }
 
-    /// redb's integrity check (which may repair what it checks), on a private copy.
+    /// redb's integrity check (which commits, and may repair what it checks): on the
+    /// private copy when there is one, else on the file itself through an overlay that keeps
+    /// whatever the check writes in memory, so the file is read once and never written or
+    /// copied. The read-only handle this store holds keeps a daemon out meanwhile.
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
-        if self.copy.is_none() {
-            let (store, dir) = Store::private_copy(&self.path)?;
-            self.store = store;
-            self.copy = Some(dir);
+        if self.copy.is_some() {
+            return self.store.check_integrity();
         }
-        self.store.check_integrity()
+        let file = crate::private::open_read(&self.path)
+            .map_err(|e| StoreError::Io(crate::private::describe(&self.path, e)))?;
+        let overlay = Overlay::new(file).map_err(map_err)?;
+        let mut builder = redb::Database::builder();
+        builder.set_cache_size(CACHE_BYTES);
+        let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
+        db.check_integrity().map_err(map_err)
+    }
+}
+
+/// A file read in place, with every write kept in memory (in blocks of `OVERLAY_BLOCK`
+/// bytes): what `check_integrity` runs redb on so that the store file is never written.
+#[derive(Debug)]
+struct Overlay {
+    file: std::fs::File,
+    state: std::sync::Mutex<OverlayState>,
+}
+
+#[derive(Debug)]
+struct OverlayState {
+    /// The length redb sees.
+    len: u64,
+    /// The file's length: bytes at or beyond it read as zeros unless written.
+    file_len: u64,
+    blocks: std::collections::BTreeMap<u64, Box<[u8]>>,
+}
+
+const OVERLAY_BLOCK: u64 = 4096;
+
+impl Overlay {
+    fn new(file: std::fs::File) -> std::io::Result<Overlay> {
+        let len = file.metadata()?.len();
+        Ok(Overlay {
+            file,
+            state: std::sync::Mutex::new(OverlayState {
+                len,
+                file_len: len,
+                blocks: Default::default(),
+            }),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, OverlayState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads `out.len()` bytes at `offset` from the file, zeros past its end.
+    fn read_file(&self, file_len: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let from_file = file_len.saturating_sub(offset).min(out.len() as u64) as usize;
+        self.file.read_exact_at(&mut out[..from_file], offset)?;
+        out[from_file..].fill(0);
+        Ok(())
+    }
+}
+
+impl redb::StorageBackend for Overlay {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        Ok(self.state().len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        let st = self.state();
+        if offset + out.len() as u64 > st.len {
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
+        let mut at = 0usize;
+        while at < out.len() {
+            let pos = offset + at as u64;
+            let block = pos / OVERLAY_BLOCK;
+            let within = (pos % OVERLAY_BLOCK) as usize;
+            let n = (OVERLAY_BLOCK as usize - within).min(out.len() - at);
+            match st.blocks.get(&block) {
+                Some(b) => out[at..at + n].copy_from_slice(&b[within..within + n]),
+                None => {
+                    // Up to the next written block, straight from the file in one read.
+                    let next = st
+                        .blocks
+                        .range(block..)
+                        .next()
+                        .map_or(u64::MAX, |(k, _)| k * OVERLAY_BLOCK);
+                    let n = ((next - pos).min((out.len() - at) as u64)) as usize;
+                    self.read_file(st.file_len, pos, &mut out[at..at + n])?;
+                    at += n;
+                    continue;
+                }
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        let mut st = self.state();
+        if len < st.len {
+            // Bytes cut off read as zeros if the length grows again.
+            let first_gone = len.div_ceil(OVERLAY_BLOCK);
+            st.blocks.split_off(&first_gone);
+            if !len.is_multiple_of(OVERLAY_BLOCK)
+                && let Some(b) = st.blocks.get_mut(&(len / OVERLAY_BLOCK))
+            {
+                b[(len % OVERLAY_BLOCK) as usize..].fill(0);
+            }
+            st.file_len = st.file_len.min(len);
+        }
+        st.len = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        let mut st = self.state();
+        let mut at = 0usize;
+        while at < data.len() {
+            let pos = offset + at as u64;
+            let block = pos / OVERLAY_BLOCK;
+            let within = (pos % OVERLAY_BLOCK) as usize;
+            let n = (OVERLAY_BLOCK as usize - within).min(data.len() - at);
+            if !st.blocks.contains_key(&block) {
+                let mut b = vec![0u8; OVERLAY_BLOCK as usize].into_boxed_slice();
+                self.read_file(st.file_len, block * OVERLAY_BLOCK, &mut b)?;
+                st.blocks.insert(block, b);
+            }
+            let b = st.blocks.get_mut(&block).expect("just inserted");
+            b[within..within + n].copy_from_slice(&data[at..at + n]);
+            at += n;
+        }
+        st.len = st.len.max(offset + data.len() as u64);
+        Ok(())
     }
 }
 
@@ -164,5 +299,57 @@ impl Store {
             std::io::copy(&mut src, &mut dst).map_err(|e| io(&from, e))?;
         }
         Ok((Store::open_existing(&copy)?, dir))
+    }
+}
+
+#[cfg(test)]
+mod overlay_tests {
+    use super::*;
+
+    /// redb's integrity check runs on the store file in place and leaves every byte of it as
+    /// it was; a flipped bit in a page is still found.
+    #[test]
+    fn the_integrity_check_reads_the_file_in_place_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        {
+            let store = Store::open_or_create(&path, (0, 0)).unwrap();
+            let mut w = store.write().unwrap();
+            for ino in 10..400u64 {
+                w.put_chunk(ino, 0, format!("content of {ino}").as_bytes())
+                    .unwrap();
+            }
+            w.commit(crate::store::Sync::Durable).unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let mut ro = ReadOnlyStore::open(&path).unwrap();
+        assert!(ro.check_integrity().unwrap(), "a clean store checks clean");
+        assert!(ro.copy.is_none(), "no private copy was made");
+        drop(ro);
+        assert_eq!(std::fs::read(&path).unwrap(), before, "not a byte written");
+
+        // Damage a byte of every copy of one chunk's content (inside a B-tree leaf).
+        let mut bad = before.clone();
+        let needle = b"content of 200";
+        let hits: Vec<usize> = (0..bad.len() - needle.len())
+            .filter(|&i| &bad[i..i + needle.len()] == needle)
+            .collect();
+        assert!(!hits.is_empty());
+        for at in hits {
+            bad[at] ^= 0x40;
+        }
+        std::fs::write(&path, &bad).unwrap();
+        let mut ro = ReadOnlyStore::open(&path).unwrap();
+        let clean = ro.check_integrity();
+        assert!(
+            !matches!(clean, Ok(true)),
+            "a damaged page is found: {clean:?}"
+        );
+        drop(ro);
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bad,
+            "still not a byte written"
+        );
     }
 }

@@ -62,6 +62,29 @@ enum Form {
     /// `(u64, &str)`: a u64, then UTF-8 to the end (redb gives the last element of a tuple no
     /// length).
     U64Str,
+    /// `(&[u8], u64)`: redb's length of the first element (a varint: one byte below 254, or
+    /// 254 and a u16, or 255 and a u32, little-endian), the bytes, then a u64.
+    BytesU64,
+    /// `(&str, u64)`: as `BytesU64`, with UTF-8 as the first element.
+    StrU64,
+}
+
+/// The first element of a `(variable, u64)` tuple key: its bytes, when the length prefix and
+/// the u64 after them account for exactly `b`.
+fn leading_element(b: &[u8]) -> Option<&[u8]> {
+    let (len, at): (usize, usize) = match *b.first()? {
+        n @ 0..=253 => (usize::from(n), 1),
+        254 => (
+            usize::from(u16::from_le_bytes(b.get(1..3)?.try_into().ok()?)),
+            3,
+        ),
+        255 => (
+            usize::try_from(u32::from_le_bytes(b.get(1..5)?.try_into().ok()?)).ok()?,
+            5,
+        ),
+    };
+    let end = at.checked_add(len)?;
+    (end.checked_add(8)? == b.len()).then(|| &b[at..end])
 }
 
 impl Form {
@@ -71,12 +94,14 @@ impl Form {
             Form::Bytes => true,
             Form::Str => std::str::from_utf8(b).is_ok(),
             Form::U64Str => b.len() >= 8 && std::str::from_utf8(&b[8..]).is_ok(),
+            Form::BytesU64 => leading_element(b).is_some(),
+            Form::StrU64 => leading_element(b).is_some_and(|e| std::str::from_utf8(e).is_ok()),
         }
     }
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 10] = [
+const TABLE_FORMS: [(&str, Form, Form); 15] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -87,6 +112,11 @@ const TABLE_FORMS: [(&str, Form, Form); 10] = [
     ("history", Form::Fixed(8), Form::Bytes),
     ("marks", Form::Str, Form::Fixed(8)),
     ("redacted", Form::Fixed(8), Form::Fixed(0)),
+    ("history_keys", Form::BytesU64, Form::Bytes),
+    ("history_paths", Form::StrU64, Form::Fixed(0)),
+    ("history_times", Form::Fixed(16), Form::Fixed(0)),
+    ("subtree", Form::Fixed(8), Form::Bytes),
+    ("quotas", Form::Fixed(8), Form::Fixed(0)),
 ];
 
 /// Checks that a record decodes whole into entries redb can take: each a known operation on
@@ -209,6 +239,11 @@ pub(super) fn replay_noting(
             "history" => apply(tx, HISTORY, &key, v),
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
+            "history_keys" => apply(tx, HISTORY_KEYS, &key, v),
+            "history_paths" => apply(tx, HISTORY_PATHS, &key, v),
+            "history_times" => apply(tx, HISTORY_TIMES, &key, v),
+            "subtree" => apply(tx, SUBTREE, &key, v),
+            "quotas" => apply(tx, QUOTAS, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

@@ -548,6 +548,25 @@ mod tests {
         assert_eq!(<(u64, u8)>::fixed_width(), Some(9));
         assert_eq!(<(u64, u64)>::fixed_width(), Some(16));
         assert_eq!(<()>::fixed_width(), Some(0));
+        assert_eq!(<(i64, u64)>::fixed_width(), Some(16));
+        // The history indexes' keys: a length-prefixed first element, then the u64; every
+        // length of prefix is admitted exactly as redb writes it, and nothing else.
+        for n in [0usize, 3, 253, 254, 300, 70_000] {
+            let name = "n".repeat(n);
+            let k = <(&[u8], u64)>::as_bytes(&(name.as_bytes(), 9));
+            assert!(
+                super::super::redo::check(&put("history_keys", &k, b"v")).is_ok(),
+                "{n}"
+            );
+            let k = <(&str, u64)>::as_bytes(&(name.as_str(), 9));
+            assert!(
+                super::super::redo::check(&put("history_paths", &k, b"")).is_ok(),
+                "{n}"
+            );
+            let mut cut = k.clone();
+            cut.pop();
+            assert!(super::super::redo::check(&put("history_paths", &cut, b"")).is_err());
+        }
         let _ = <u64 as Key>::compare;
     }
 
@@ -557,7 +576,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.redb");
         drop(Store::open_or_create(&path, (0, 0)).unwrap());
-        let payload = put("meta", b"note", b"hello");
+        // A record of a build that keeps the per-directory counts marks them kept.
+        let payload = [
+            put("meta", b"note", b"hello"),
+            put("meta", b"subtree_seq", &1_000u64.to_le_bytes()),
+        ]
+        .concat();
         let seg = encode_segment(9, [(1_000, payload.as_slice())].into_iter());
         let recs = decode_segment(9, &seg, 1_000, 1_000).unwrap();
         apply_records(&path, &recs).unwrap();

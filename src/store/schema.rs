@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 3)
+//! # Tables (format version 4)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -45,12 +45,68 @@
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
 //! ```
 //!
+//! History's indexes (format 4; a format-3 store gets them built from `history` at open),
+//! written in the same transaction as the record they index and removed with it:
+//!
+//! ```text
+//! history_keys  (&[u8] key, u64 seq) -> &[u8]  every key a record undoes -> that key's
+//!                                       before-image (one undo entry, as in the record).
+//!                                       Key: u8 table tag, then big-endian fields:
+//!                                       1 inode: ino | 2 dirent: parent, name bytes |
+//!                                       3 filemap: ino, chunk index | 4 orphan: ino.
+//!                                       A key's value at point S is the before-image of the
+//!                                       first record after S that changed it, or the value
+//!                                       now if none did: `show`, `diff` and `revert` of one
+//!                                       path read the past without replaying history
+//! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
+//! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
+//!                                       points given as a time
+//! ```
+//!
 //! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
 //! in ns; 0 = history off), "log_seq" u64 (the number of the last commit, the sequence number
 //! of its write-ahead log record), "log_id" u64 (the id of the log the records after the last
 //! durable commit are in; see `wal`), "files", "dirs" and "content_bytes" u64 (the usage counts:
 //! files, directories and bytes of file content, updated by every commit that changes them),
 //! "last_commit" i64 (when the last transaction committed, ns since the epoch).
+//!
+//! # Per-directory aggregates and quotas
+//!
+//! ```text
+//! subtree  u64 dir ino     -> &[u8]     a `SubtreeRecord` (below): what lies below the
+//!                                       directory, and its quota if it has one. Kept for
+//!                                       every directory in the same commit as the change
+//!                                       below it; a missing row is an empty directory
+//!                                       without a quota, and a missing table a store built
+//!                                       before aggregates (they are built once at open)
+//! quotas   u64 dir ino     -> ()        the directories whose subtree record carries a quota:
+//!                                       an index, so listing quotas (and knowing whether
+//!                                       there are any) reads only these; missing: no quotas
+//! ```
+//!
+//! Meta key "subtree_seq" u64: the commit number up to which the aggregates were kept;
+//! written by every commit of a build that keeps them, so a store changed by an older build
+//! (which leaves it behind "log_seq") has them rebuilt at its next open.
+//!
+//! `SubtreeRecord`, version 1 (little-endian, 49 bytes):
+//!
+//! ```text
+//! 0   u8   record version (1)
+//! 1   u64  files below the directory (at any depth)
+//! 9   u64  directories below it (not counting itself)
+//! 17  u64  content bytes of those files
+//! 25  u32  an upper bound of the levels of the deepest entry below it, relative to it
+//!          ("a/b" is 2; 0 for an empty directory)
+//! 29  u32  an upper bound of the bytes of the longest relative path below it ("/a/b" is 4)
+//! 33  u64  quota: content bytes allowed below it (0: no limit)
+//! 41  u64  quota: files and directories allowed below it (0: no limit)
+//! ```
+//!
+//! Counts are exact; the two bounds may be loose after removals (they only grow with
+//! creates and moves in, and an exact walk tightens them), so a rename checks its path
+//! limits in O(depth) and walks only when a bound says the limits might be crossed. A row
+//! may outlive its directory when it carries a quota (counts then zero): inode numbers are
+//! never reused except by history restoring that same directory, which gets its quota back.
 //!
 //! # Inode record, version 1 (little-endian)
 //!
@@ -77,7 +133,9 @@
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+/// The format before history's indexes, migrated at open (the indexes are built).
+pub const FORMAT_WITHOUT_HISTORY_INDEXES: u32 = 3;
 /// The format before chunk checksums, migrated at open.
 pub const FORMAT_WITHOUT_CHECKSUMS: u32 = 2;
 
@@ -100,6 +158,14 @@ pub(crate) const BLOBREFS: TableDefinition<u64, u64> = TableDefinition::new("blo
 pub(crate) const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
 pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
+pub(crate) const HISTORY_KEYS: TableDefinition<(&[u8], u64), &[u8]> =
+    TableDefinition::new("history_keys");
+pub(crate) const HISTORY_PATHS: TableDefinition<(&str, u64), ()> =
+    TableDefinition::new("history_paths");
+pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
+    TableDefinition::new("history_times");
+pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
+pub(crate) const QUOTAS: TableDefinition<u64, ()> = TableDefinition::new("quotas");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
@@ -128,6 +194,7 @@ pub(crate) const META_FILES: &str = "files";
 pub(crate) const META_DIRS: &str = "dirs";
 pub(crate) const META_CONTENT_BYTES: &str = "content_bytes";
 pub(crate) const META_LAST_COMMIT: &str = "last_commit";
+pub(crate) const META_SUBTREE_SEQ: &str = "subtree_seq";
 
 const INODE_RECORD_VERSION: u8 = 1;
 const INODE_FIXED_LEN: usize = 68;
@@ -288,6 +355,149 @@ pub struct HistoryRecord {
 
 const HISTORY_RECORD_VERSION: u8 = 1;
 
+impl Undo {
+    fn encode_into(&self, e: &mut Enc) {
+        match self {
+            Undo::Inode { ino, old } => {
+                e.u8(1);
+                e.u64(*ino);
+                e.u8(u8::from(old.is_some()));
+                if let Some(b) = old {
+                    e.u32(b.len() as u32);
+                    e.0.extend_from_slice(b);
+                }
+            }
+            Undo::Dirent { parent, name, old } => {
+                e.u8(2);
+                e.u64(*parent);
+                e.str(name);
+                e.u8(u8::from(old.is_some()));
+                if let Some((ino, kind)) = old {
+                    e.u64(*ino);
+                    e.u8(*kind);
+                }
+            }
+            Undo::Filemap { ino, idx, old } => {
+                e.u8(3);
+                e.u64(*ino);
+                e.u64(*idx);
+                e.u8(u8::from(old.is_some()));
+                if let Some(b) = old {
+                    e.u64(*b);
+                }
+            }
+            Undo::Orphan { ino, present } => {
+                e.u8(4);
+                e.u64(*ino);
+                e.u8(u8::from(*present));
+            }
+        }
+    }
+
+    fn decode_from(d: &mut Dec<'_>) -> Option<Undo> {
+        Some(match d.u8()? {
+            1 => {
+                let ino = d.u64()?;
+                let old = if d.u8()? != 0 {
+                    let len = d.u32()? as usize;
+                    Some(d.take(len)?.to_vec())
+                } else {
+                    None
+                };
+                Undo::Inode { ino, old }
+            }
+            2 => {
+                let parent = d.u64()?;
+                let name = d.str()?;
+                let old = if d.u8()? != 0 {
+                    Some((d.u64()?, d.u8()?))
+                } else {
+                    None
+                };
+                Undo::Dirent { parent, name, old }
+            }
+            3 => {
+                let ino = d.u64()?;
+                let idx = d.u64()?;
+                let old = if d.u8()? != 0 { Some(d.u64()?) } else { None };
+                Undo::Filemap { ino, idx, old }
+            }
+            4 => Undo::Orphan {
+                ino: d.u64()?,
+                present: d.u8()? != 0,
+            },
+            _ => return None,
+        })
+    }
+
+    /// Steps over one encoded entry.
+    fn skip(d: &mut Dec<'_>) -> Option<()> {
+        match d.u8()? {
+            1 => {
+                d.take(8)?;
+                if d.u8()? != 0 {
+                    let len = d.u32()? as usize;
+                    d.take(len)?;
+                }
+            }
+            2 => {
+                d.take(8)?;
+                let n = d.u16()? as usize;
+                d.take(n)?;
+                if d.u8()? != 0 {
+                    d.take(9)?;
+                }
+            }
+            3 => {
+                d.take(16)?;
+                if d.u8()? != 0 {
+                    d.take(8)?;
+                }
+            }
+            4 => {
+                d.take(9)?;
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// One entry as the record stores it (the value of a `history_keys` row).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(32));
+        self.encode_into(&mut e);
+        e.0
+    }
+
+    /// Decodes what `encode` wrote; None when it does not decode whole.
+    pub fn decode(b: &[u8]) -> Option<Undo> {
+        let mut d = Dec(b);
+        let u = Undo::decode_from(&mut d)?;
+        d.0.is_empty().then_some(u)
+    }
+
+    /// The key this entry restores, as `history_keys` orders it (see the module comment).
+    pub fn key(&self) -> Vec<u8> {
+        match self {
+            Undo::Inode { ino, .. } => undo_key(1, &[*ino], ""),
+            Undo::Dirent { parent, name, .. } => undo_key(2, &[*parent], name),
+            Undo::Filemap { ino, idx, .. } => undo_key(3, &[*ino, *idx], ""),
+            Undo::Orphan { ino, .. } => undo_key(4, &[*ino], ""),
+        }
+    }
+}
+
+/// A `history_keys` key: the table tag, big-endian numbers, then a name.
+pub(crate) fn undo_key(tag: u8, nums: &[u64], name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + 8 * nums.len() + name.len());
+    k.push(tag);
+    for n in nums {
+        k.extend_from_slice(&n.to_be_bytes());
+    }
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
 struct Enc(Vec<u8>);
 
 impl Enc {
@@ -365,41 +575,7 @@ impl HistoryRecord {
         e.u8(u8::from(self.redacted));
         e.u32(self.undo.len() as u32);
         for u in &self.undo {
-            match u {
-                Undo::Inode { ino, old } => {
-                    e.u8(1);
-                    e.u64(*ino);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some(b) = old {
-                        e.u32(b.len() as u32);
-                        e.0.extend_from_slice(b);
-                    }
-                }
-                Undo::Dirent { parent, name, old } => {
-                    e.u8(2);
-                    e.u64(*parent);
-                    e.str(name);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some((ino, kind)) = old {
-                        e.u64(*ino);
-                        e.u8(*kind);
-                    }
-                }
-                Undo::Filemap { ino, idx, old } => {
-                    e.u8(3);
-                    e.u64(*ino);
-                    e.u64(*idx);
-                    e.u8(u8::from(old.is_some()));
-                    if let Some(b) = old {
-                        e.u64(*b);
-                    }
-                }
-                Undo::Orphan { ino, present } => {
-                    e.u8(4);
-                    e.u64(*ino);
-                    e.u8(u8::from(*present));
-                }
-            }
+            u.encode_into(&mut e);
         }
         if let Some(c) = &self.conflict {
             e.u8(1);
@@ -408,8 +584,27 @@ impl HistoryRecord {
         e.0
     }
 
+    /// The commit time of an encoded record, without decoding the rest.
+    pub fn time_of(b: &[u8]) -> Option<i64> {
+        let mut d = Dec(b);
+        if d.u8()? != HISTORY_RECORD_VERSION {
+            return None;
+        }
+        Some(d.u64()? as i64)
+    }
+
+    /// Decodes a record without its undo entries (what `log` shows): the entries are
+    /// stepped over, not kept, so a large record (an import's) costs no allocation per entry.
+    pub fn decode_summary(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
+        Self::decode_with(seq, b, false)
+    }
+
     /// Decodes a record; `None` when the bytes are not a version-1 history record.
     pub fn decode(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
+        Self::decode_with(seq, b, true)
+    }
+
+    fn decode_with(seq: u64, b: &[u8], undo: bool) -> Option<HistoryRecord> {
         let mut d = Dec(b);
         if d.u8()? != HISTORY_RECORD_VERSION {
             return None;
@@ -436,40 +631,11 @@ impl HistoryRecord {
         };
         let n = d.u32()?;
         for _ in 0..n {
-            let u = match d.u8()? {
-                1 => {
-                    let ino = d.u64()?;
-                    let old = if d.u8()? != 0 {
-                        let len = d.u32()? as usize;
-                        Some(d.take(len)?.to_vec())
-                    } else {
-                        None
-                    };
-                    Undo::Inode { ino, old }
-                }
-                2 => {
-                    let parent = d.u64()?;
-                    let name = d.str()?;
-                    let old = if d.u8()? != 0 {
-                        Some((d.u64()?, d.u8()?))
-                    } else {
-                        None
-                    };
-                    Undo::Dirent { parent, name, old }
-                }
-                3 => {
-                    let ino = d.u64()?;
-                    let idx = d.u64()?;
-                    let old = if d.u8()? != 0 { Some(d.u64()?) } else { None };
-                    Undo::Filemap { ino, idx, old }
-                }
-                4 => Undo::Orphan {
-                    ino: d.u64()?,
-                    present: d.u8()? != 0,
-                },
-                _ => return None,
-            };
-            r.undo.push(u);
+            if undo {
+                r.undo.push(Undo::decode_from(&mut d)?);
+            } else {
+                Undo::skip(&mut d)?;
+            }
         }
         if d.u8() == Some(1) {
             r.conflict = Some(d.str()?);
@@ -531,6 +697,15 @@ mod tests {
             ],
         };
         assert_eq!(HistoryRecord::decode(9, &r.encode()), Some(r.clone()));
+        let summary = HistoryRecord {
+            undo: Vec::new(),
+            ..r.clone()
+        };
+        assert_eq!(HistoryRecord::decode_summary(9, &r.encode()), Some(summary));
+        assert_eq!(HistoryRecord::time_of(&r.encode()), Some(r.time));
+        for u in &r.undo {
+            assert_eq!(Undo::decode(&u.encode()).as_ref(), Some(u));
+        }
         let mut bad = r.encode();
         bad[0] = 2;
         assert_eq!(HistoryRecord::decode(9, &bad), None);
@@ -578,6 +753,93 @@ mod tests {
         b[0] = 2;
         assert_eq!(Inode::decode(42, &b), None);
         assert_eq!(Inode::decode(42, &b[..10]), None);
+    }
+}
+
+/// What lies below one directory, and its quota (see "Per-directory aggregates").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SubtreeRecord {
+    pub files: u64,
+    pub dirs: u64,
+    pub bytes: u64,
+    /// Upper bound of the levels of the deepest entry below, relative to the directory.
+    pub depth: u32,
+    /// Upper bound of the bytes of the longest path below, relative to the directory.
+    pub path_bytes: u32,
+    /// Content bytes allowed below (0: no limit).
+    pub quota_bytes: u64,
+    /// Files and directories allowed below (0: no limit).
+    pub quota_files: u64,
+}
+
+const SUBTREE_RECORD_VERSION: u8 = 1;
+const SUBTREE_RECORD_LEN: usize = 49;
+
+impl SubtreeRecord {
+    /// Files and directories below.
+    pub fn entries(&self) -> u64 {
+        self.files.saturating_add(self.dirs)
+    }
+
+    pub fn has_quota(&self) -> bool {
+        self.quota_bytes > 0 || self.quota_files > 0
+    }
+
+    pub fn encode(&self) -> [u8; SUBTREE_RECORD_LEN] {
+        let mut out = [0u8; SUBTREE_RECORD_LEN];
+        out[0] = SUBTREE_RECORD_VERSION;
+        out[1..9].copy_from_slice(&self.files.to_le_bytes());
+        out[9..17].copy_from_slice(&self.dirs.to_le_bytes());
+        out[17..25].copy_from_slice(&self.bytes.to_le_bytes());
+        out[25..29].copy_from_slice(&self.depth.to_le_bytes());
+        out[29..33].copy_from_slice(&self.path_bytes.to_le_bytes());
+        out[33..41].copy_from_slice(&self.quota_bytes.to_le_bytes());
+        out[41..49].copy_from_slice(&self.quota_files.to_le_bytes());
+        out
+    }
+
+    /// Decodes a record; `None` when the bytes are not a version-1 subtree record.
+    pub fn decode(b: &[u8]) -> Option<SubtreeRecord> {
+        if b.len() != SUBTREE_RECORD_LEN || b[0] != SUBTREE_RECORD_VERSION {
+            return None;
+        }
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        Some(SubtreeRecord {
+            files: u64_at(1),
+            dirs: u64_at(9),
+            bytes: u64_at(17),
+            depth: u32_at(25),
+            path_bytes: u32_at(29),
+            quota_bytes: u64_at(33),
+            quota_files: u64_at(41),
+        })
+    }
+}
+
+#[cfg(test)]
+mod subtree_tests {
+    use super::*;
+
+    #[test]
+    fn a_subtree_record_round_trips() {
+        let r = SubtreeRecord {
+            files: 1,
+            dirs: 2,
+            bytes: 3 << 40,
+            depth: 4,
+            path_bytes: 5,
+            quota_bytes: 6,
+            quota_files: 7,
+        };
+        let b = r.encode();
+        assert_eq!(b[0], 1);
+        assert_eq!(&b[17..25], &(3u64 << 40).to_le_bytes());
+        assert_eq!(SubtreeRecord::decode(&b), Some(r));
+        assert_eq!(SubtreeRecord::decode(&b[..48]), None);
+        let mut bad = b;
+        bad[0] = 2;
+        assert_eq!(SubtreeRecord::decode(&bad), None);
     }
 }
 

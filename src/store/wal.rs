@@ -191,6 +191,11 @@ impl Pending {
         self.last = last;
     }
 
+    /// Bytes of records since the last checkpoint, written or waiting to be.
+    pub(super) fn used(&self) -> u64 {
+        self.offset + self.buf.len() as u64
+    }
+
     /// Commit `seq` was a checkpoint: the log starts again at offset 0.
     pub(super) fn checkpointed(&mut self, seq: u64) {
         self.buf.clear();
@@ -349,8 +354,7 @@ impl Wal {
 
     /// Bytes of records since the last checkpoint, written or waiting to be.
     pub(super) fn used(&self) -> u64 {
-        let p = lock(&self.pending);
-        p.offset + p.buf.len() as u64
+        lock(&self.pending).used()
     }
 
     /// The number of the last checkpoint: every commit up to it is durable in the store file.

@@ -10,11 +10,32 @@ use std::sync::atomic::Ordering;
 
 use redb::{ReadableTable, ReadableTableMetadata};
 
-use super::history::{Capture, OpInfo};
 use super::read::{DirEntry, get_inode_in, list_in, lookup_in, meta_u64_in, orphans_in};
 use super::redo::{Redo, redo_del, redo_put};
 use super::schema::*;
 use super::{Store, StoreError, Usage, corrupt, map_err};
+
+/// What the operation being committed was and who did it, for its history record.
+#[derive(Clone, Debug, Default)]
+pub struct OpInfo {
+    pub op: &'static str,
+    pub paths: Vec<String>,
+    pub ino: u64,
+    pub size_before: u64,
+    pub size_after: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// A lost update this operation made or was refused for (see `fs::conflicts`).
+    pub conflict: Option<String>,
+}
+
+/// Before-images captured while history is on (the history record is built from them).
+#[derive(Default)]
+pub(super) struct Capture {
+    pub(super) undo: Vec<Undo>,
+    pub(super) seen: std::collections::HashSet<(u8, u64, u64, String)>,
+}
 
 /// The net change this transaction makes to the usage counts, added to `meta` at commit.
 #[derive(Default)]
@@ -44,8 +65,13 @@ pub struct WriteTxn<'s> {
     /// takes a reference and gives one back (a rewrite or unlink whose old blob history keeps)
     /// leaves the blobrefs table untouched, and that is pages an fsync need not write.
     pub(super) ref_deltas: BTreeMap<u64, i64>,
-    /// Blobs created by this transaction (their count starts at 0, not at the implicit 1).
+    /// Blobs created by this transaction (their count starts at 0, not at the implicit 1):
+    /// ascending, disjoint ranges, adjacent ones merged.
     pub(super) new_blobs: Vec<std::ops::Range<u64>>,
+    /// Bookkeeping steps taken so far (see `Store::commit_work`).
+    pub(super) steps: std::cell::Cell<u64>,
+    /// The per-directory rows this transaction changed (see `subtree`).
+    pub(super) agg: super::subtree::Pending,
 }
 
 impl Store {
@@ -79,11 +105,26 @@ impl Store {
             written: 0,
             ref_deltas: BTreeMap::new(),
             new_blobs: Vec::new(),
+            steps: std::cell::Cell::new(0),
+            agg: Default::default(),
         })
+    }
+
+    /// Bookkeeping steps every committed write transaction took, in total: one per table
+    /// read or write and per step of the loops that run over a transaction's changes at
+    /// commit. Tests compare it across transaction sizes to show the work per entry stays
+    /// flat as a transaction grows.
+    pub fn commit_work(&self) -> u64 {
+        self.commit_steps.load(Ordering::Relaxed)
     }
 }
 
 impl WriteTxn<'_> {
+    /// Counts `n` bookkeeping steps (see `Store::commit_work`).
+    pub(super) fn step(&self, n: u64) {
+        self.steps.set(self.steps.get() + n);
+    }
+
     pub(super) fn table_len_inodes(&self) -> Result<u64, StoreError> {
         self.tx
             .open_table(INODES)
@@ -140,6 +181,7 @@ impl WriteTxn<'_> {
 
     /// Sets or removes an inode record, keeping the usage counters in step.
     pub fn set_inode(&mut self, ino: u64, new: Option<&Inode>) -> Result<(), StoreError> {
+        self.step(1);
         let mut t = self.tx.open_table(INODES).map_err(map_err)?;
         let old_bytes = t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec());
         let old = match &old_bytes {
@@ -158,6 +200,7 @@ impl WriteTxn<'_> {
             }
         }
         drop(t);
+        self.track_inode(ino, old.as_ref(), new)?;
         for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
             if let Some(i) = i {
                 match i.kind {
@@ -183,6 +226,7 @@ impl WriteTxn<'_> {
         name: &str,
         new: Option<(u64, Kind)>,
     ) -> Result<(), StoreError> {
+        self.step(1);
         let mut t = self.tx.open_table(DIRENTS).map_err(map_err)?;
         let old = match new {
             Some((ino, kind)) => {
@@ -209,6 +253,7 @@ impl WriteTxn<'_> {
 
     /// Points chunk `idx` of `ino` at `new` (or makes it a hole), adjusting blob references.
     pub fn set_filemap(&mut self, ino: u64, idx: u64, new: Option<u64>) -> Result<(), StoreError> {
+        self.step(1);
         let mut t = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let old = match new {
             Some(b) => {
@@ -244,6 +289,7 @@ impl WriteTxn<'_> {
 
     /// Marks or unmarks `ino` as an orphan.
     pub fn set_orphan(&mut self, ino: u64, present: bool) -> Result<(), StoreError> {
+        self.step(1);
         let mut t = self.tx.open_table(ORPHANS).map_err(map_err)?;
         let was = if present {
             redo_put(&self.redo, ORPHANS, &ino, &());

@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::common::lookup_path;
 use super::common::{Result, err};
 use crate::private::parent_dir;
 use crate::store::disk::Disk;
-use crate::store::{CopyStats, ReadTxn, Store, now_ns};
+use crate::store::schema::META_LIMITS;
+use crate::store::{CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, now_ns};
 
 /// What `snapshot` reports.
 #[derive(Clone, Debug, Serialize)]
@@ -58,6 +60,105 @@ fn disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
 /// renamed into place with mode 0600, then opened and checked. `progress` hears the records
 /// copied so far.
 pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<SnapshotInfo> {
+    write_snapshot(out, |tmp| r.copy_to(tmp, progress).map_err(err))
+}
+
+/// `snapshot --path`: a store holding only the directory at `path` as `r` sees it, as its
+/// root (with its mode, owner and times, and the limits the store records), and
+/// everything below it, content included; no history. Written, checked and put in place as
+/// `snapshot` does.
+pub fn snapshot_subtree(
+    r: &ReadTxn,
+    path: &str,
+    out: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<SnapshotInfo> {
+    let (top, _) = lookup_path(r, path)?;
+    if top.kind != Kind::Dir {
+        return Err(format!(
+            "{path}: not a directory; snapshot --path takes a directory"
+        ));
+    }
+    // `Store::open_or_create` makes the file 0600 and O_EXCL|O_NOFOLLOW.
+    write_snapshot(out, |tmp| copy_subtree(r, &top, tmp, progress))
+}
+
+/// Copies the tree under `top` into a new store at `out`, in one durable transaction.
+fn copy_subtree(
+    r: &ReadTxn,
+    top: &Inode,
+    out: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<CopyStats> {
+    let s = Store::open_or_create(out, (top.uid, top.gid)).map_err(err)?;
+    let mut w = s.write().map_err(err)?;
+    w.without_history();
+    if let Some(limits) = r.meta_bytes(META_LIMITS).map_err(err)? {
+        w.put_meta(META_LIMITS, &limits).map_err(err)?;
+    }
+    let mut stats = CopyStats::default();
+    let mut root = w
+        .inode(ROOT_INO)
+        .map_err(err)?
+        .ok_or("the new store has no root")?;
+    root.perm = top.perm;
+    root.atime = top.atime;
+    root.mtime = top.mtime;
+    root.ctime = top.ctime;
+    root.crtime = top.crtime;
+    w.put_inode(&root).map_err(err)?;
+    // (inode in `r`, inode in the copy) of each directory still to copy.
+    let mut stack = vec![(top.ino, ROOT_INO)];
+    while let Some((from, to)) = stack.pop() {
+        let mut subdirs = 0;
+        for e in r.list(from).map_err(err)? {
+            let mut i = r
+                .inode(e.ino)
+                .map_err(err)?
+                .ok_or_else(|| format!("missing inode {}", e.ino))?;
+            let ino = w.alloc_ino().map_err(err)?;
+            i.ino = ino;
+            i.parent = to;
+            w.put_inode(&i).map_err(err)?;
+            w.put_dirent(to, &e.name, ino, i.kind).map_err(err)?;
+            stats.entries += 1;
+            match i.kind {
+                Kind::Dir => {
+                    subdirs += 1;
+                    stack.push((e.ino, ino));
+                }
+                Kind::File => {
+                    let n = i.size.div_ceil(CHUNK_SIZE);
+                    // One chunk in memory at a time.
+                    for idx in 0..n {
+                        if let Some(Some(data)) = r.chunks(e.ino, idx, 1).map_err(err)?.pop() {
+                            stats.bytes += data.len() as u64;
+                            w.put_chunks(ino, std::iter::once((idx, data.as_slice())))
+                                .map_err(err)?;
+                        }
+                    }
+                }
+            }
+            progress(stats.entries);
+        }
+        let mut d = w
+            .inode(to)
+            .map_err(err)?
+            .ok_or("a copied directory went missing")?;
+        d.nlink = 2 + subdirs;
+        w.put_inode(&d).map_err(err)?;
+    }
+    w.commit(Sync::Durable).map_err(err)?;
+    drop(s);
+    Ok(stats)
+}
+
+/// Writes a snapshot through `copy` (which creates the file it is given) at a temporary
+/// name, checks it, and renames it into place.
+fn write_snapshot(
+    out: &Path,
+    copy: impl FnOnce(&Path) -> Result<CopyStats>,
+) -> Result<SnapshotInfo> {
     let started = std::time::Instant::now();
     if out.exists() {
         return Err(format!(
@@ -75,7 +176,7 @@ pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Resul
         std::process::id()
     ));
     let _ = std::fs::remove_file(&tmp);
-    let copied: std::result::Result<CopyStats, String> = r.copy_to(&tmp, progress).map_err(err);
+    let copied: std::result::Result<CopyStats, String> = copy(&tmp);
     let stats = match copied {
         Ok(s) => s,
         Err(e) => {

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::store::{CHUNK_SIZE, Inode, Kind, ROOT_INO, ReadTxn};
+use crate::store::{CHUNK_SIZE, Inode, Kind, ROOT_INO, TreeView};
 
 pub(super) type Result<T> = std::result::Result<T, String>;
 
@@ -65,7 +65,7 @@ pub(super) fn info(path: String, i: &Inode) -> EntryInfo {
 pub use crate::fs::resolve_path as lookup_path;
 
 /// A file's content.
-pub fn read_content(r: &ReadTxn, inode: &Inode) -> Result<Vec<u8>> {
+pub fn read_content(r: &impl TreeView, inode: &Inode) -> Result<Vec<u8>> {
     let mut out = vec![0u8; inode.size as usize];
     let chunks = r
         .chunks(inode.ino, 0, inode.size.div_ceil(CHUNK_SIZE))
@@ -82,7 +82,7 @@ pub fn read_content(r: &ReadTxn, inode: &Inode) -> Result<Vec<u8>> {
 
 /// `tree`: every entry below `path`, depth first in name order, with its depth. Export and
 /// expiry walk a tree through it too.
-pub fn tree(r: &ReadTxn, path: &str) -> Result<Vec<(usize, EntryInfo)>> {
+pub fn tree(r: &impl TreeView, path: &str) -> Result<Vec<(usize, EntryInfo)>> {
     let (inode, canon) = lookup_path(r, path)?;
     let mut out = vec![(0, info(canon.clone(), &inode))];
     if inode.kind != Kind::Dir {

@@ -4,7 +4,7 @@
 use similar::TextDiff;
 
 use super::common::{Result, err, lookup_path, parse_date, parse_duration, read_content};
-use crate::store::{HistoryRecord, Kind, ReadTxn, now_ns};
+use crate::store::{Kind, ReadTxn, TreeView, now_ns};
 
 /// Resolves a point in history: a seq number (`42` or `@42`), a mark name, or a time
 /// (`2026-01-31`, `2026-01-31T08:00:00Z`, or `30m` / `2h` / `1d` ago). The point is the state
@@ -37,12 +37,7 @@ pub fn resolve_point(r: &ReadTxn, spec: &str) -> Result<u64> {
         })?,
     };
     // The newest record at or before that time.
-    for rec in r.history(0..=u64::MAX).map_err(err)? {
-        if rec.time <= at {
-            return Ok(rec.seq);
-        }
-    }
-    Ok(0)
+    r.seq_at_time(at).map_err(err)
 }
 
 /// Runs `f` on the store as it was at `seq` (see `ReadTxn::at_point`).
@@ -50,36 +45,24 @@ pub fn at_point<T>(r: &ReadTxn, seq: u64, f: impl FnOnce(&ReadTxn) -> Result<T>)
     r.at_point(seq, f)
 }
 
-/// `log`: history records, newest first, for the whole store or for `path` (following it
-/// back through renames), no older than `since_ns`.
-pub fn log(
-    r: &ReadTxn,
-    path: Option<&str>,
-    since_ns: Option<i64>,
-    limit: usize,
-) -> Result<Vec<HistoryRecord>> {
-    r.history_of(path, since_ns, limit).map_err(err)
-}
-
 /// `show`: a file's content at a point.
 pub fn show_at(r: &ReadTxn, path: &str, seq: u64) -> Result<Vec<u8>> {
-    at_point(r, seq, |r| {
-        let (inode, canon) = lookup_path(r, path).map_err(|e| format!("at {seq}: {e}"))?;
-        if inode.kind != Kind::File {
-            return Err(format!("{canon}: is a directory"));
-        }
-        if r.content_redacted(inode.ino).map_err(err)? {
-            return Err(format!(
-                "{canon} at {seq}: this version's content was redacted"
-            ));
-        }
-        read_content(r, &inode)
-    })
+    let then = r.past(seq).map_err(err)?;
+    let (inode, canon) = lookup_path(&then, path).map_err(|e| format!("at {seq}: {e}"))?;
+    if inode.kind != Kind::File {
+        return Err(format!("{canon}: is a directory"));
+    }
+    if then.content_redacted(inode.ino).map_err(err)? {
+        return Err(format!(
+            "{canon} at {seq}: this version's content was redacted"
+        ));
+    }
+    read_content(&then, &inode)
 }
 
 /// A file's text at a point, or None where it did not exist.
 fn text_at(r: &ReadTxn, path: &str, seq: Option<u64>) -> Result<Option<String>> {
-    let get = |r: &ReadTxn| -> Result<Option<String>> {
+    fn get(r: &impl TreeView, path: &str) -> Result<Option<String>> {
         match lookup_path(r, path) {
             Ok((inode, _)) if inode.kind == Kind::File => Ok(Some(
                 String::from_utf8_lossy(&read_content(r, &inode)?).into_owned(),
@@ -87,10 +70,10 @@ fn text_at(r: &ReadTxn, path: &str, seq: Option<u64>) -> Result<Option<String>> 
             Ok((_, canon)) => Err(format!("{canon}: is a directory")),
             Err(_) => Ok(None),
         }
-    };
+    }
     match seq {
-        Some(s) => at_point(r, s, get),
-        None => get(r),
+        Some(s) => get(&r.past(s).map_err(err)?, path),
+        None => get(r, path),
     }
 }
 

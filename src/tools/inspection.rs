@@ -40,10 +40,32 @@ pub struct DuInfo {
     pub files: u64,
     pub dirs: u64,
     pub bytes: u64,
+    /// The directory's quota (`redbfs quota`): content bytes allowed below it (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub quota_bytes: u64,
+    /// Files and directories allowed below it (0: none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub quota_files: u64,
 }
 
-/// `du`: files, directories and content bytes at and below `path`.
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// `du`: files, directories and content bytes at and below `path`. A directory's come from
+/// its aggregate (no walk) when the store keeps them, with its quota.
 pub fn du(r: &ReadTxn, path: &str) -> Result<DuInfo> {
+    let (inode, _) = lookup_path(r, path)?;
+    if inode.kind == Kind::Dir && r.subtree_current().map_err(err)? {
+        let row = r.subtree(inode.ino).map_err(err)?;
+        return Ok(DuInfo {
+            files: row.files,
+            dirs: row.dirs + 1,
+            bytes: row.bytes,
+            quota_bytes: row.quota_bytes,
+            quota_files: row.quota_files,
+        });
+    }
     let mut d = DuInfo::default();
     for (_, e) in tree(r, path)? {
         match e.kind {
@@ -66,6 +88,8 @@ pub struct StatsInfo {
     pub store_bytes: u64,
     pub largest: Vec<(String, u64)>,
     pub last_commit_ns: Option<i64>,
+    /// Every directory with a quota, with its usage.
+    pub quotas: Vec<crate::fs::QuotaInfo>,
 }
 
 /// `stats`: counts, the largest files, the store file's size and the last commit time.
@@ -87,7 +111,32 @@ pub fn stats(r: &ReadTxn, store_bytes: u64) -> Result<StatsInfo> {
         store_bytes,
         largest: files.iter().map(|i| (paths.path(i.ino), i.size)).collect(),
         last_commit_ns: r.last_commit().map_err(err)?,
+        quotas: quotas(r)?,
     })
+}
+
+/// `quota STORE`: every directory with a quota and what lies below it. From the aggregates,
+/// or when the store does not keep them (changed by an older build, not mounted since), by a
+/// walk of each.
+pub fn quotas(r: &ReadTxn) -> Result<Vec<crate::fs::QuotaInfo>> {
+    let mut list = crate::fs::quotas(r).map_err(err)?;
+    if !r.subtree_current().map_err(err)? {
+        for q in &mut list {
+            let mut d = DuInfo::default();
+            for (_, e) in tree(r, &q.path)?.into_iter().skip(1) {
+                match e.kind {
+                    "file" => {
+                        d.files += 1;
+                        d.bytes += e.size;
+                    }
+                    _ => d.dirs += 1,
+                }
+            }
+            q.bytes = d.bytes;
+            q.files = d.files + d.dirs;
+        }
+    }
+    Ok(list)
 }
 
 /// Paths of inodes, from their parent pointers.

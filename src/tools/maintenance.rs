@@ -54,6 +54,8 @@ pub fn repair(store: &Store) -> Result<Vec<String>> {
     let orphans: HashSet<u64> = r.orphans().map_err(err)?.into_iter().collect();
     drop(r);
     let mut w = store.write().map_err(err)?;
+    // Parents may be missing here: the per-directory counts are rebuilt whole afterwards.
+    w.without_aggregates();
     let mut fixes = Vec::new();
     // Reachability from the root through entries that point to live inodes.
     let mut children: HashMap<u64, Vec<(String, u64)>> = HashMap::new();
@@ -111,5 +113,6 @@ pub fn repair(store: &Store) -> Result<Vec<String>> {
         }
     }
     w.commit(Sync::Durable).map_err(err)?;
+    store.rebuild_aggregates().map_err(err)?;
     Ok(fixes)
 }

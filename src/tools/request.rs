@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use super::backup::snapshot;
+use super::backup::{snapshot, snapshot_subtree};
 use super::common::{Result, err, tree};
-use super::history::{at_point, diff, log, point_time, resolve_point, show_at};
-use super::inspection::{cat, du, ls, stats};
+use super::history::{at_point, diff, point_time, resolve_point, show_at};
+use super::inspection::{cat, du, ls, quotas, stats};
 use super::maintenance::unused_since;
 use crate::store::ReadTxn;
 
@@ -29,15 +29,23 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
         }
         "du" => json!({"du": du(r, path)?}),
         "stats" => json!({"stats": stats(r, store_bytes)?}),
+        "quotas" => json!({"quotas": quotas(r)?}),
         "check" => json!({"findings": crate::check::invariants(r).map_err(err)?}),
         "log" => {
             let since = match req.get("since").and_then(Value::as_str) {
                 Some(spec) => Some(point_time(r, spec)?),
                 None => None,
             };
-            let limit = req.get("limit").and_then(Value::as_u64).unwrap_or(u64::MAX) as usize;
-            let recs = log(r, req.get("path").and_then(Value::as_str), since, limit)?;
-            json!({"records": recs, "last_seq": r.last_seq().map_err(err)?})
+            // One page: from the answer's "cursor" of the previous page, if any.
+            let cursor = match req.get("cursor").filter(|c| !c.is_null()) {
+                Some(c) => serde_json::from_value(c.clone())
+                    .map_err(|e| format!("log: bad \"cursor\": {e}"))?,
+                None => crate::store::LogCursor::start(req.get("path").and_then(Value::as_str)),
+            };
+            let limit = req.get("limit").and_then(Value::as_u64).unwrap_or(u64::MAX);
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            let (recs, next) = r.history_page(&cursor, since, limit).map_err(err)?;
+            json!({"records": recs, "cursor": next, "last_seq": r.last_seq().map_err(err)?})
         }
         "show" => {
             let seq = resolve_point(
@@ -110,9 +118,29 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
                 .ok_or("mark needs \"name\"")?;
             json!({"seq": fs.mark(name).map_err(err)?})
         }
+        "rollback" if path != "/" => {
+            // One directory's tree as it was, the rest untouched: a revert of that path.
+            let seq = point("to")?;
+            fs.revert(caller, path, seq).map_err(err)?;
+            json!({"to": seq, "path": path})
+        }
         "rollback" => {
             let seq = point("to")?;
             json!({"to": seq, "undone": fs.rollback(caller, seq).map_err(err)?})
+        }
+        "expire" => {
+            let paths: Vec<String> = req
+                .get("paths")
+                .and_then(Value::as_array)
+                .ok_or("expire needs \"paths\"")?
+                .iter()
+                .filter_map(|p| p.as_str().map(str::to_string))
+                .collect();
+            json!({"removed": fs.remove_files(caller, &paths).map_err(err)?})
+        }
+        "quota" => {
+            let get = |k: &str| req.get(k).and_then(Value::as_u64).unwrap_or(0);
+            json!({"quota": fs.set_quota(path, get("bytes"), get("files")).map_err(err)?})
         }
         "revert" => {
             let seq = point("to")?;
@@ -133,7 +161,12 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
                 .and_then(Value::as_str)
                 .ok_or("needs \"out\"")?;
             let r = fs.store().read().map_err(err)?;
-            let info = at_point(&r, seq, |t| snapshot(t, Path::new(out), &mut |_| {}))?;
+            let info = match req.get("subtree").and_then(Value::as_str) {
+                Some(p) => at_point(&r, seq, |t| {
+                    snapshot_subtree(t, p, Path::new(out), &mut |_| {})
+                })?,
+                None => at_point(&r, seq, |t| snapshot(t, Path::new(out), &mut |_| {}))?,
+            };
             json!({"snapshot": info, "at": seq})
         }
         other => return Err(format!("unknown history request {other:?}")),

@@ -162,7 +162,22 @@ pub(super) fn commit(
     if strict && !report.skipped.is_empty() {
         return Err(strict_error(report));
     }
-    w.commit(Sync::Durable).map_err(err)
+    w.commit(Sync::Durable).map_err(|e| match e {
+        // Refused whole: name the directory whose quota it would pass.
+        crate::store::StoreError::DirQuota { dir, files, limit } => {
+            let root = store
+                .read()
+                .map(|r| crate::fs::path_of_inode(&r, dir))
+                .unwrap_or_else(|_| format!("<inode {dir}>"));
+            let what = if files {
+                "files and directories"
+            } else {
+                "content bytes"
+            };
+            format!("nothing imported: {root} would exceed its quota of {limit} {what} (EDQUOT)")
+        }
+        e => err(e),
+    })
 }
 
 /// Writes the staged entries below `target` in `w`. A directory that already exists takes the

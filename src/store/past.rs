@@ -1,0 +1,214 @@
+//! The store's tree as it was at a point of history, read through history's key index
+//! (`history_keys`) without replaying anything: the cost of a lookup is one index seek,
+//! however long the history and however large the store.
+//!
+//! Invariant kept here: the value of a key at point S is the before-image of the first record
+//! after S that changed it, or its value now when no record after S did. That holds as long
+//! as every record after S is kept, which `ReadTxn::past` checks first.
+
+use std::collections::BTreeMap;
+
+use super::read::{DirEntry, ReadTxn};
+use super::schema::*;
+use super::{StoreError, corrupt, map_err};
+
+/// A view of the store's tree: the present (`ReadTxn`) or a point of history (`Past`). What
+/// `show`, `diff`, `revert` and the path tools read through.
+pub trait TreeView {
+    fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError>;
+    fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError>;
+    /// Every entry of directory `parent`, in name order.
+    fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError>;
+    /// (chunk index, blob id) of `ino`'s content, in index order.
+    fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError>;
+    /// Chunks `first..first+count` of `ino`; a hole is `None`.
+    fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
+    /// Whether `redact` erased any chunk of `ino`'s content in this view.
+    fn content_redacted(&self, ino: u64) -> Result<bool, StoreError>;
+}
+
+impl TreeView for ReadTxn {
+    fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        ReadTxn::inode(self, ino)
+    }
+    fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        ReadTxn::lookup(self, parent, name)
+    }
+    fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError> {
+        ReadTxn::list(self, parent)
+    }
+    fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        ReadTxn::filemap_of(self, ino)
+    }
+    fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        ReadTxn::chunks(self, ino, first, count)
+    }
+    fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        ReadTxn::content_redacted(self, ino)
+    }
+}
+
+/// The tree as it was at history point `seq` (after record `seq` committed).
+pub struct Past<'r> {
+    now: &'r ReadTxn,
+    seq: u64,
+}
+
+impl ReadTxn {
+    /// The tree at history point `seq`; refused when records after it have expired.
+    pub fn past(&self, seq: u64) -> Result<Past<'_>, StoreError> {
+        self.check_reachable(seq)?;
+        Ok(Past { now: self, seq })
+    }
+}
+
+impl Past<'_> {
+    /// The point this view shows.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The before-image of `key` in the first record after this point that changed it.
+    fn changed_after(&self, key: &[u8]) -> Result<Option<Undo>, StoreError> {
+        let t = self.now.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+        let Some(first) = self.seq.checked_add(1) else {
+            return Ok(None);
+        };
+        let mut range = t.range((key, first)..=(key, u64::MAX)).map_err(map_err)?;
+        match range.next() {
+            None => Ok(None),
+            Some(item) => {
+                let (k, v) = item.map_err(map_err)?;
+                Undo::decode(v.value())
+                    .map(Some)
+                    .ok_or_else(|| corrupt("history index entry", k.value().1))
+            }
+        }
+    }
+
+    /// The blob at chunk `idx` of `ino` at this point.
+    fn blob_at(&self, ino: u64, idx: u64) -> Result<Option<u64>, StoreError> {
+        match self.changed_after(&undo_key(3, &[ino, idx], ""))? {
+            Some(Undo::Filemap { old, .. }) => Ok(old),
+            Some(_) => Err(corrupt("history index entry", ino)),
+            None => {
+                let t = self.now.tx.open_table(FILEMAP).map_err(map_err)?;
+                Ok(t.get((ino, idx)).map_err(map_err)?.map(|v| v.value()))
+            }
+        }
+    }
+}
+
+impl TreeView for Past<'_> {
+    fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
+        match self.changed_after(&undo_key(1, &[ino], ""))? {
+            Some(Undo::Inode { old: None, .. }) => Ok(None),
+            Some(Undo::Inode { old: Some(b), .. }) => Inode::decode(ino, &b)
+                .map(Some)
+                .ok_or_else(|| corrupt("history record", ino)),
+            Some(_) => Err(corrupt("history index entry", ino)),
+            None => self.now.inode(ino),
+        }
+    }
+
+    fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
+        match self.changed_after(&undo_key(2, &[parent], name))? {
+            Some(Undo::Dirent { old: None, .. }) => Ok(None),
+            Some(Undo::Dirent {
+                old: Some((ino, k)),
+                ..
+            }) => Kind::from_byte(k)
+                .map(|k| Some((ino, k)))
+                .ok_or_else(|| corrupt("history dirent", ino)),
+            Some(_) => Err(corrupt("history index entry", parent)),
+            None => self.now.lookup(parent, name),
+        }
+    }
+
+    fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError> {
+        let mut entries: BTreeMap<String, (u64, Kind)> = self
+            .now
+            .list(parent)?
+            .into_iter()
+            .map(|e| (e.name, (e.ino, e.kind)))
+            .collect();
+        // Every entry of `parent` changed after this point takes its before-image: the keys
+        // of one directory are adjacent in the index, each key's records in seq order.
+        let t = self.now.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+        let lo = undo_key(2, &[parent], "");
+        let hi = parent.checked_add(1).map(|p| undo_key(2, &[p], ""));
+        let range = match &hi {
+            Some(hi) => t.range((lo.as_slice(), 0)..(hi.as_slice(), 0)),
+            None => t.range((lo.as_slice(), 0)..),
+        }
+        .map_err(map_err)?;
+        let mut done: Option<Vec<u8>> = None;
+        for item in range {
+            let (k, v) = item.map_err(map_err)?;
+            let (key, seq) = k.value();
+            if seq <= self.seq || done.as_deref() == Some(key) {
+                continue;
+            }
+            done = Some(key.to_vec());
+            match Undo::decode(v.value()) {
+                Some(Undo::Dirent { name, old, .. }) => match old {
+                    Some((ino, k)) => {
+                        let kind =
+                            Kind::from_byte(k).ok_or_else(|| corrupt("history dirent", ino))?;
+                        entries.insert(name, (ino, kind));
+                    }
+                    None => {
+                        entries.remove(&name);
+                    }
+                },
+                _ => return Err(corrupt("history index entry", parent)),
+            }
+        }
+        Ok(entries
+            .into_iter()
+            .map(|(name, (ino, kind))| DirEntry { name, ino, kind })
+            .collect())
+    }
+
+    fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        // A file's chunks lie below its size (`check` holds every store to it).
+        let size = self.inode(ino)?.map_or(0, |i| i.size);
+        let mut out = Vec::new();
+        for idx in 0..size.div_ceil(CHUNK_SIZE) {
+            if let Some(b) = self.blob_at(ino, idx)? {
+                out.push((idx, b));
+            }
+        }
+        Ok(out)
+    }
+
+    fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let blobs = self.now.tx.open_table(BLOBS).map_err(map_err)?;
+        (first..first.saturating_add(count))
+            .map(|idx| {
+                let Some(blob) = self.blob_at(ino, idx)? else {
+                    return Ok(None);
+                };
+                match blobs.get(blob).map_err(map_err)? {
+                    Some(v) => decode_blob(v.value())
+                        .map(|d| Some(d.to_vec()))
+                        .ok_or(StoreError::Checksum { ino, idx, blob }),
+                    None => Err(StoreError::Corrupt(format!(
+                        "chunk {idx} of inode {ino} at history point {} points to missing blob {blob}",
+                        self.seq
+                    ))),
+                }
+            })
+            .collect()
+    }
+
+    fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        let red = self.now.tx.open_table(REDACTED).map_err(map_err)?;
+        for (_, blob) in self.filemap_of(ino)? {
+            if red.get(blob).map_err(map_err)?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
