@@ -20,6 +20,14 @@ use crate::replica::{ReplicaOverrides, Replication, Settings, epoch};
 /// URL, the epoch taken and the commit the new writer continues from.
 pub fn promote(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     let _one = daemon.promoting.lock().unwrap_or_else(|p| p.into_inner());
+    let interval_ns = match &req["replica_interval_ns"] {
+        Value::Null => None,
+        v => Some(
+            v.as_u64()
+                .filter(|&n| n > 0)
+                .ok_or("replica_interval_ns must be a number of nanoseconds above 0")?,
+        ),
+    };
     let fs = daemon.fs()?;
     let follower = daemon
         .follower_handle()
@@ -65,7 +73,7 @@ pub fn promote(daemon: &Daemon, req: &Value) -> Result<Value, String> {
     fs.store().unfreeze();
     let overrides = ReplicaOverrides {
         urls: Some(vec![url.clone()]),
-        interval_ns: req["replica_interval_ns"].as_u64(),
+        interval_ns,
         ..ReplicaOverrides::default()
     };
     let made_writer = crate::replica::config::remember(fs.store(), &overrides, false, mp)
