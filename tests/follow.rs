@@ -494,8 +494,9 @@ fn a_restarted_follower_resumes_from_its_store() {
     for i in 0..4 {
         op(&w.mp, i);
     }
+    let shipped = w.shipped();
     let mut f = Host::follower(&url, &[]);
-    f.reaches(w.shipped());
+    f.reaches(shipped);
     f.unmount();
     for i in 4..8 {
         op(&w.mp, i);
@@ -688,8 +689,10 @@ fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
     for i in 0..6 {
         op(&w.mp, i);
     }
+    // A follower needs a generation to start from: the writer's first upload, made.
+    let shipped = w.shipped();
     let mut f = Host::follower(url, env);
-    f.reaches(w.shipped());
+    f.reaches(shipped);
 
     let second = Host::new(env);
     let out = second.try_mount(&["--replica", url]);
