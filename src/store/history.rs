@@ -474,16 +474,26 @@ pub(crate) fn index_entries(
             created.insert(*ino);
         }
     }
-    let mut seen = std::collections::HashSet::new();
+    // Each key's first entry: a stable sort by key puts it first among its equals (a sort,
+    // not a hash set of keys: an import's record holds an entry per file).
+    let keys: Vec<Vec<u8>> = r.undo.iter().map(Undo::key).collect();
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    let mut first = vec![false; keys.len()];
+    for (n, &i) in order.iter().enumerate() {
+        first[i] = n == 0 || keys[order[n - 1]] != keys[i];
+    }
     r.undo
         .iter()
-        .filter(|u| seen.insert(u.key()))
-        .map(|u| {
+        .zip(keys)
+        .zip(first)
+        .filter(|(_, first)| *first)
+        .map(|((u, key), _)| {
             let required = match u {
                 Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
                 Undo::Dirent { .. } | Undo::Orphan { .. } => true,
             };
-            (u.key(), u.encode(), required)
+            (key, u.encode(), required)
         })
         .collect()
 }
