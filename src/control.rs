@@ -2,7 +2,8 @@
 //! speaking one JSON request and one JSON response per line. Store tools reach a mounted
 //! store through it, because the daemon owns the store file.
 //!
-//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"snapshot","out":PATH}`,
+//! Requests: `{"op":"status"}`, `{"op":"unmount"}`, `{"op":"promote"}` (a follower),
+//! `{"op":"snapshot","out":PATH}`,
 //! `{"op":"import","dir":DIR,"into":PATH,"strict":BOOL}` (or `"tar":FILE` for `"dir"`), the
 //! changes of `tools::history_change` (`mark`, `rollback`, `revert`, `redact`, `snapshot_at`,
 //! `quota`, `expire`), and the read-only queries of `tools::query` (`ls`, `cat`, `tree`, `du`, `stats`,
@@ -32,6 +33,15 @@ pub fn socket_path(store: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
+/// Where a daemon asked to unmount leaves, for the `redbfs unmount` waiting on it, what each
+/// replica holds after the last upload (`<store>.unshipped`, mode 0600, JSON): the daemon
+/// exits right after, so no socket could carry it.
+pub fn unshipped_path(store: &Path) -> PathBuf {
+    let mut s = store.as_os_str().to_owned();
+    s.push(".unshipped");
+    PathBuf::from(s)
+}
+
 /// What the daemon serves the socket with.
 pub struct Daemon {
     /// The filesystem, until the daemon shuts down and takes it back to close the store.
@@ -43,6 +53,10 @@ pub struct Daemon {
     /// The mount's replication, while it runs.
     replication: std::sync::Mutex<Option<Arc<crate::replica::Replication>>>,
     follower: std::sync::Mutex<Option<Arc<crate::replica::Follower>>>,
+    /// An unmount request came through the socket: its client waits for `unshipped_path`.
+    unmount_asked: std::sync::atomic::AtomicBool,
+    /// Held while a follower is promoted: one promotion at a time.
+    pub(crate) promoting: std::sync::Mutex<()>,
 }
 
 impl Daemon {
@@ -59,6 +73,8 @@ impl Daemon {
             unmount,
             replication: std::sync::Mutex::new(None),
             follower: std::sync::Mutex::new(None),
+            unmount_asked: std::sync::atomic::AtomicBool::new(false),
+            promoting: std::sync::Mutex::new(()),
         }
     }
 
@@ -70,6 +86,22 @@ impl Daemon {
     /// Sets (or, with None, drops) the follower `status` reports on.
     pub fn set_follower(&self, f: Option<Arc<crate::replica::Follower>>) {
         *self.follower.lock().unwrap_or_else(|p| p.into_inner()) = f;
+    }
+
+    /// The running follower, if the mount follows a replica.
+    pub(crate) fn follower_handle(&self) -> Option<Arc<crate::replica::Follower>> {
+        self.follower
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Takes the mount's replication (the session ended: it is stopped next).
+    pub fn take_replication(&self) -> Option<Arc<crate::replica::Replication>> {
+        self.replication
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     fn follower(&self) -> Value {
@@ -86,12 +118,40 @@ impl Daemon {
         }
     }
 
+    /// Leaves what each replica holds after the last upload for the `redbfs unmount` that
+    /// asked (none asked: the log has it already).
+    pub fn report_unshipped(&self, replicas: &[crate::replica::ship::Unshipped]) {
+        if !self.unmount_asked.load(Ordering::Acquire) {
+            return;
+        }
+        let path = unshipped_path(&self.store);
+        let _ = std::fs::remove_file(&path);
+        let written = serde_json::to_vec(replicas)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| crate::private::create_new(&path)?.write_all(&bytes));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %path.display(), "could not leave what the replicas hold for the unmount command");
+        }
+    }
+
+    /// An unmount request: the daemon leaves what the replicas hold for its client.
+    fn unmount_requested(&self) -> Value {
+        self.unmount_asked.store(true, Ordering::Release);
+        match (self.unmount)() {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => {
+                self.unmount_asked.store(false, Ordering::Release);
+                json!({"ok": false, "error": e})
+            }
+        }
+    }
+
     /// Takes the filesystem back at shutdown; later requests are refused.
     pub fn take_fs(&self) -> Option<Arc<Fs>> {
         self.fs.write().unwrap_or_else(|p| p.into_inner()).take()
     }
 
-    fn fs(&self) -> Result<Arc<Fs>, String> {
+    pub(crate) fn fs(&self) -> Result<Arc<Fs>, String> {
         self.fs
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -213,10 +273,8 @@ impl Daemon {
         }
         match req.get("op").and_then(Value::as_str) {
             Some("status") => self.status(),
-            Some("unmount") => match (self.unmount)() {
-                Ok(()) => json!({"ok": true}),
-                Err(e) => json!({"ok": false, "error": e}),
-            },
+            Some("unmount") => self.unmount_requested(),
+            Some("promote") => reply(crate::mount::promote::promote(self, req)),
             Some("snapshot") => self.snapshot(req),
             Some("fault") => self.fault(req),
             Some("import") => self.import(req),

@@ -404,6 +404,141 @@ fn a_follower_keeps_current_and_follows_a_new_generation() {
     assert!(tree(&f.mp).contains_key("memories/imported.md"));
 }
 
+/// `redbfs promote` on a live follower, its writer killed: the mount turns read-write in
+/// place (a reader's open file carries on), the promoted store ships, the old writer restarted
+/// is refused as fenced, and a restore holds the old writer's history up to what it shipped,
+/// then the promoted writer's.
+#[test]
+fn a_follower_is_promoted_live() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    let mut w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    for i in 0..5 {
+        op(&w.mp, i);
+    }
+    let cut = w.shipped();
+    let mut f = Host::follower(&url, &[]);
+    f.reaches(cut);
+    let out = f.run(&["promote", w.mp.to_str().unwrap()]);
+    assert!(!out.status.success(), "a writer is not promoted");
+    w.kill();
+    let at_takeover = tree(&f.mp);
+    let (name, body) = at_takeover
+        .iter()
+        .find_map(|(k, v)| Some((k.clone(), v.clone()?)))
+        .unwrap();
+    let mut open = std::fs::File::open(f.mp.join(&name)).unwrap();
+    assert!(write_refused(&f.mp.join("memories/before.md")));
+
+    let out = f.run(&[
+        "promote",
+        f.mp.to_str().unwrap(),
+        "--replica-interval",
+        "100ms",
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}\n{}", f.log());
+    assert!(said.contains(&format!("from commit {cut}")), "{said}");
+    let mut kept = Vec::new();
+    std::io::Read::read_to_end(&mut open, &mut kept).unwrap();
+    assert_eq!(kept, body, "an open file reads on");
+    drop(open);
+    std::fs::write(
+        f.mp.join("memories/promoted.md"),
+        "written after the promotion\n",
+    )
+    .unwrap();
+    std::fs::rename(
+        f.mp.join("memories/promoted.md"),
+        f.mp.join("memories/renamed.md"),
+    )
+    .unwrap();
+    let s = f.status();
+    assert_eq!(s["read_only"], false, "{s}");
+    assert!(s["follower"].is_null(), "{s}");
+    f.shipped();
+    let want = tree(&f.mp);
+    assert!(want.contains_key("memories/renamed.md"));
+
+    let out = w.try_mount(&["--replica", &url]);
+    assert!(
+        !out.status.success(),
+        "the killed writer took the role again"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("fenced"));
+    assert_eq!(w.restore(&url, None), want);
+    assert_eq!(w.restore(&url, Some(&cut.to_string())), at_takeover);
+    let out = f.run(&["unmount", f.mp.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && said.contains("holds every commit"),
+        "{said}"
+    );
+    f.mounted = false;
+}
+
+/// A follower restarted goes on from its store while the replica's newest generation is still
+/// the one it holds a point of (it applies only what came since); once the writer started a
+/// new generation, it restores that one as a first mount does.
+#[test]
+fn a_restarted_follower_resumes_from_its_store() {
+    if !fuse_available() {
+        return;
+    }
+    let (_rep, url) = file_replica();
+    let mut w = Host::writer(&url, &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    for i in 0..4 {
+        op(&w.mp, i);
+    }
+    let mut f = Host::follower(&url, &[]);
+    f.reaches(w.shipped());
+    f.unmount();
+    for i in 4..8 {
+        op(&w.mp, i);
+    }
+    let resumed = |f: &Host| {
+        f.log()
+            .lines()
+            .filter(|l| l.contains("following the replica from the commit the store holds"))
+            .count()
+    };
+    f.mount(&["--follow", &url, "--follow-interval", "100ms"]);
+    assert_eq!(resumed(&f), 1, "{}", f.log());
+    f.reaches(w.shipped());
+    let s = f.status();
+    assert!(s["follower"]["batches"].as_u64().unwrap() > 0, "{s}");
+    assert_eq!(s["follower"]["generations"], 0, "{s}");
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    f.unmount();
+
+    // The writer's store changed offline: its next mount starts a new generation, which a
+    // restarted follower restores instead.
+    w.unmount();
+    let src = w.dir.path().join("offline");
+    std::fs::create_dir_all(src.join("memories")).unwrap();
+    std::fs::write(src.join("memories/imported.md"), "added offline\n").unwrap();
+    let out = w.run(&["import", src.to_str().unwrap(), w.store.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    w.mount(&["--replica-interval", "100ms"]);
+    op(&w.mp, 8);
+    let last = w.shipped();
+    f.mount(&["--follow", &url, "--follow-interval", "100ms"]);
+    assert_eq!(resumed(&f), 1, "a new generation is restored:\n{}", f.log());
+    f.reaches(last);
+    assert_eq!(tree(&f.mp), tree(&w.mp));
+    assert!(tree(&f.mp).contains_key("memories/imported.md"));
+    f.unmount();
+    w.unmount();
+}
+
 /// A check that content is whole: a header line with the version and the length of the
 /// rest, then that many bytes of the version's digit.
 fn content(version: usize) -> Vec<u8> {
@@ -609,7 +744,19 @@ fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
     assert_eq!(f.restore(url, None), want);
     assert!(!want.keys().any(|k| k.contains("late-")));
 
-    w.unmount();
+    // Its unmount says on the terminal what stays in its store only (exit 1), if anything.
+    let out = w.run(&["unmount", w.mp.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() {
+        assert!(said.contains("holds every commit"), "{said}");
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{said}");
+        assert!(
+            said.contains("was left without commits") && said.contains("another writer"),
+            "{said}"
+        );
+    }
+    w.mounted = false;
     let out = w.try_mount(&["--replica", url]);
     assert!(
         !out.status.success(),

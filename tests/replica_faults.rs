@@ -75,6 +75,12 @@ fn ship_session(dir: &Path, replica: &Path, n: usize) -> (u64, Vec<(String, Stri
     }
     let out = run(&["unmount", mp.to_str().unwrap()], &[]);
     assert!(out.status.success(), "{}", err_of(&out));
+    // A healthy replica: the unmount says so on the terminal.
+    assert!(
+        err_of(&out).contains(&format!("replica {url} holds every commit")),
+        "{}",
+        err_of(&out)
+    );
     let v = ls_json(&url);
     let last = v["generations"][0]["last_commit"].as_u64().unwrap();
     (last, files)
@@ -1022,11 +1028,18 @@ fn an_s3_replica_through_errors_and_stalls() {
             "written while the server fails\n"
         );
     }
-    // Unmount while stalled: bounded, and it says what it leaves.
+    // Unmount while stalled: bounded, and it says on the terminal what it left, with exit 1
+    // (the mount is gone all the same).
     std::fs::write(mp.join("last.md"), "never shipped\n").unwrap();
+    let shipped = status()["replicas"][0]["shipped_commit"].as_u64().unwrap();
     let out = run(&["unmount", mp.to_str().unwrap()], &env);
-    assert!(out.status.success(), "{}", err_of(&out));
-    assert!(err_of(&out).contains("commits behind"), "{}", err_of(&out));
+    let said = err_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("commits behind"), "{said}");
+    let left = format!("replica {url} was left without commits {}..=", shipped + 1);
+    assert!(said.contains(&left), "{said}");
+    assert!(said.contains("unmounted"), "{said}");
+    assert!(!mp.join("last.md").exists(), "the mount is gone");
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.contains("was left without commits"), "{logged}");
     proxy.set(PASS);

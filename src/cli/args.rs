@@ -55,6 +55,8 @@ pub(super) enum Cmd {
     Mount(Box<Mount>),
     /// Unmount; returns once the daemon has closed the store.
     Unmount(Unmount),
+    /// Promote a live follower to the writer of the replica it follows, without unmounting.
+    Promote(Promote),
     /// Show a mount's or a store's state.
     Status(Status),
     /// Check a store's integrity and the filesystem invariants (exit 1 on findings).
@@ -202,6 +204,15 @@ pub(super) struct Mount {
 #[derive(Args, Debug)]
 pub(super) struct Unmount {
     pub mountpoint: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct Promote {
+    /// The follower's mountpoint.
+    pub mountpoint: PathBuf,
+    /// Ship new commits to the replica at least this often, e.g. 1s [default: 1s].
+    #[arg(long, value_parser = duration_in(MS, DAY))]
+    pub replica_interval: Option<u64>,
 }
 
 #[derive(Args, Debug)]

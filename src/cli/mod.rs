@@ -86,6 +86,7 @@ fn run(cmd: Cmd) -> Result<i32, String> {
     match cmd {
         Cmd::Mount(a) => mount::mount(*a),
         Cmd::Unmount(a) => mount::unmount(a),
+        Cmd::Promote(a) => mount::promote(a),
         Cmd::Status(a) => inspect::status(a),
         Cmd::Check(a) => inspect::check(a),
         Cmd::Ls(a) => inspect::ls(a),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::args::{LostUpdatesArg, Mount, Names, Unmount};
+use super::args::{LostUpdatesArg, Mount, Names, Promote, Unmount};
 use super::output;
 use crate::fs::{LostUpdates, NameRules};
 use crate::mount::{self, Created, LimitOverrides, MountRequest};
@@ -103,16 +103,44 @@ fn replicating_to(mountpoint: &Path, store: Option<&Path>) {
     output::replicating(&v);
 }
 
+/// Exit 1 when a replica was left without commits (the mount is gone either way).
 pub(super) fn unmount(a: Unmount) -> Result<i32, String> {
-    // What the replicas still miss: the daemon makes one bounded last upload, and its log says
-    // what it left.
+    // What the replicas still miss: the daemon makes one bounded last upload, then says what
+    // each replica holds.
+    let mut replicating = false;
     if let Ok(t) = super::target::Target::resolve(&a.mountpoint)
         && t.is_mounted()
         && let Ok(v) = t.run(serde_json::json!({"op": "status"}), |_| Err(String::new()))
     {
         output::replicas_before_unmount(&v);
+        replicating = v["replicas"].as_array().is_some_and(|r| !r.is_empty());
     }
-    output::unmounted(&mount::unmount(&a.mountpoint)?);
+    let done = mount::unmount(&a.mountpoint)?;
+    output::unmounted(&done.message);
+    Ok(match done.replicas {
+        Some(list) => i32::from(!output::replicas_after_unmount(&list)),
+        None if replicating => {
+            output::replicas_unreported();
+            1
+        }
+        None => 0,
+    })
+}
+
+/// `promote`: asks the follower's daemon to become the replica's writer in place.
+pub(super) fn promote(a: Promote) -> Result<i32, String> {
+    let t = super::target::Target::resolve(&a.mountpoint)?;
+    if !t.is_mounted() {
+        return Err(format!(
+            "{} is not mounted: mount the follower's store with --replica URL --takeover instead",
+            a.mountpoint.display()
+        ));
+    }
+    let v = t.run(
+        serde_json::json!({"op": "promote", "replica_interval_ns": a.replica_interval}),
+        |_| Err(String::new()),
+    )?;
+    output::promoted(&a.mountpoint, &v);
     Ok(0)
 }
 

@@ -258,7 +258,7 @@ pub(super) fn replicas_before_unmount(status: &Value) {
         let behind = r["commits_behind"].as_u64().unwrap_or(0);
         if behind > 0 || !r["error"].is_null() {
             errln!(
-                "replica {} is {behind} commits behind{}; the daemon makes one last bounded upload and logs what it leaves unshipped",
+                "replica {} is {behind} commits behind{}; the daemon makes one last bounded upload",
                 text(&r["url"]),
                 r["error"]
                     .as_str()
@@ -267,6 +267,53 @@ pub(super) fn replicas_before_unmount(status: &Value) {
             );
         }
     }
+}
+
+/// A follower promoted: the replica it now writes to, from which commit, in which epoch.
+pub(super) fn promoted(mp: &std::path::Path, v: &Value) {
+    errln!(
+        "promoted {}: it writes to replica {} from commit {} on (epoch {}); the previous writer is fenced at its next upload",
+        shown(&mp.display().to_string()),
+        text(&v["url"]),
+        v["commit"],
+        v["epoch"]
+    );
+}
+
+/// After an unmount: what each replica holds; whether every one holds every commit.
+pub(super) fn replicas_after_unmount(list: &[crate::replica::ship::Unshipped]) -> bool {
+    let mut whole = true;
+    for r in list {
+        match r.missing() {
+            None => errln!("replica {} holds every commit", shown(&r.url)),
+            Some(m) if r.fenced => {
+                whole = false;
+                errln!(
+                    "replica {} was left without commits {}..={}: another writer took it over, so they stay in this store only (mount it with --replica none to recover them)",
+                    shown(&r.url),
+                    m.start(),
+                    m.end()
+                );
+            }
+            Some(m) => {
+                whole = false;
+                errln!(
+                    "replica {} was left without commits {}..={} (the next mount starts a new generation)",
+                    shown(&r.url),
+                    m.start(),
+                    m.end()
+                );
+            }
+        }
+    }
+    whole
+}
+
+/// After an unmount whose daemon replicated but did not say what its replicas hold.
+pub(super) fn replicas_unreported() {
+    errln!(
+        "the daemon ended without saying what its replicas hold; its log says what it shipped, and `redbfs replica verify URL` what a replica holds"
+    );
 }
 
 /// `restore`: the replica URLs the restored store no longer ships to.

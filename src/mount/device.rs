@@ -180,3 +180,34 @@ pub(super) fn fusermount_mount(
     }
     Err("fusermount3 mounted but passed no descriptor".into())
 }
+
+/// Turns the read-only FUSE mount at `mp` read-write in place (a follower promoted), or back
+/// (`read_only`, a promotion that failed): mount(2) with `MS_REMOUNT` without `MS_RDONLY`, once for the superblock (FUSE's reconfigure accepts
+/// it and ignores the options) and once with `MS_BIND` for the mount itself, which a
+/// read-only mount(2) also marked read-only. Open files and readers carry on. Takes
+/// CAP_SYS_ADMIN: a mount made through fusermount3 cannot be remounted (fusermount3 has no
+/// remount), which the error says.
+pub(super) fn remount(mp: &Path, read_only: bool) -> Result<(), String> {
+    let mut keep = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if read_only {
+        keep |= MsFlags::MS_RDONLY;
+    }
+    let remount = |extra: MsFlags| {
+        nix::mount::mount(
+            None::<&str>,
+            mp,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | keep | extra,
+            None::<&str>,
+        )
+    };
+    match remount(MsFlags::empty()).and_then(|()| remount(MsFlags::MS_BIND)) {
+        Ok(()) => Ok(()),
+        Err(e @ (Errno::EPERM | Errno::EACCES)) => Err(format!(
+            "remounting {} takes root (mount(2) with MS_REMOUNT: {e}); a mount made \
+             as a user goes through fusermount3, which cannot remount",
+            mp.display()
+        )),
+        Err(e) => Err(format!("remounting {}: {e}", mp.display())),
+    }
+}

@@ -20,6 +20,7 @@ use nix::mount::MntFlags;
 
 mod created;
 mod device;
+pub mod promote;
 mod table;
 
 pub use created::Created;
@@ -501,9 +502,10 @@ fn serve_session(
     if let Err(e) = fs.reclaim_orphans() {
         tracing::warn!(error = %e, "could not reclaim unlinked inodes; the next mount will");
     }
-    daemon.set_replication(None);
-    if let Some(r) = replication {
-        r.stop();
+    // The replication started with the session, or by a promotion during it.
+    drop(replication);
+    if let Some(r) = daemon.take_replication() {
+        daemon.report_unshipped(&r.stop());
     }
     served
 }
@@ -665,23 +667,41 @@ fn refuse_if_inside(mp: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// What `unmount` did: a line for a person, and what each replica holds after the daemon's
+/// last upload (None when no daemon said so: a stale mount cleared, or a daemon that ended
+/// without leaving it).
+pub struct Unmounted {
+    pub message: String,
+    pub replicas: Option<Vec<crate::replica::ship::Unshipped>>,
+}
+
 /// `redbfs unmount`: asks the daemon to unmount and waits until it has closed the store.
 /// Succeeds only then, or when the mount's daemon is gone (a stale mount, cleared); a live
 /// mount whose daemon does not answer is left alone, with what was found.
-pub fn unmount(mountpoint: &Path) -> Result<String, String> {
+pub fn unmount(mountpoint: &Path) -> Result<Unmounted, String> {
+    let cleared = |message| Unmounted {
+        message,
+        replicas: None,
+    };
     let mp = absolute(mountpoint)?;
     let Some(store) = redbfs_mount_at(&mp) else {
         if is_stale(&mp) {
             clear_stale(&mp)?;
-            return Ok(format!("cleared a stale mount at {}", mp.display()));
+            return Ok(cleared(format!(
+                "cleared a stale mount at {}",
+                mp.display()
+            )));
         }
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
     refuse_if_inside(&mp)?;
     let mut c = match control::Client::connect(&store) {
         Ok(c) => c,
-        Err(e) => return no_answer(&mp, &store, e),
+        Err(e) => return no_answer(&mp, &store, e).map(cleared),
     };
+    // What an earlier unmount left unread is not this one's.
+    let report = control::unshipped_path(&store);
+    let _ = std::fs::remove_file(&report);
     let pid = c
         .call(&serde_json::json!({"op": "status"}))?
         .get("pid")
@@ -703,7 +723,10 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
     // Returns once the daemon process has exited, which is when the store is closed.
     for _ in 0..60_000 {
         if !daemon.is_some_and(daemon_running) {
-            return Ok(format!("unmounted {}", mp.display()));
+            return Ok(Unmounted {
+                message: format!("unmounted {}", mp.display()),
+                replicas: read_unshipped(&report),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -711,6 +734,17 @@ pub fn unmount(mountpoint: &Path) -> Result<String, String> {
         "{} was unmounted but the daemon (pid {pid}) has not exited",
         mp.display()
     ))
+}
+
+/// What the daemon left at `path` for this unmount (then removed): never followed through a
+/// symlink, at most 1 MiB, None if absent or not what a daemon writes.
+fn read_unshipped(path: &Path) -> Option<Vec<crate::replica::ship::Unshipped>> {
+    use std::io::Read;
+    let f = crate::private::open_read(path).ok();
+    let _ = std::fs::remove_file(path);
+    let mut bytes = Vec::new();
+    f?.take(1 << 20).read_to_end(&mut bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// `unmount` of a mount whose daemon did not take the control connection (`e`). A mount that

@@ -4,7 +4,8 @@
 //! `restore --from` verifies them, in one transaction per segment; after each, the kernel is
 //! told exactly which entries and inodes changed. When a newer generation appears (the writer
 //! restarted, was restored or replaced), the store becomes its snapshot in one transaction,
-//! without unmounting.
+//! without unmounting. A follower mounted again on its store goes on from the commit it
+//! holds while that still stands in the replica's newest generation (`prepare`).
 //!
 //! Invariant kept here: the follower's store is always the replica's state at some commit
 //! of the generation it follows (a reader sees a batch whole or not at all), it changes only
@@ -70,22 +71,26 @@ impl Followed {
 fn frozen_reason(url: &str) -> String {
     format!(
         "this mount follows {url} read-only: it changes only as the writer's commits arrive \
-         (promote it with `redbfs unmount`, then `redbfs mount MNT --store STORE --replica \
-         {url} --takeover`)"
+         (promote it with `redbfs promote MNT`)"
     )
 }
 
 /// Makes `store` a follower's copy of the replica at `url`: its newest generation restored
 /// into it (a store already there is replaced only when it is a follower's of this URL), the
 /// store then opened and frozen. Before the mount, so a replica that cannot be read refuses it.
+///
+/// A follower's store of this URL that still holds a point of the replica's newest
+/// generation (its commit the snapshot's, or the end of a segment that stands, the chain up to
+/// it verifying) is resumed as it is: the follower then applies only what follows.
 pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
+    let mut existing = None;
     if std::fs::symlink_metadata(path).is_ok() {
-        let theirs = match Store::open_existing(path) {
-            Ok(s) => Followed::of(&s).is_some_and(|f| f.url == url),
+        existing = match Store::open_existing(path) {
+            Ok(s) => Some(s).filter(|s| Followed::of(s).is_some_and(|f| f.url == url)),
             Err(e @ crate::store::StoreError::AlreadyOpen(_)) => return Err(e.to_string()),
-            Err(_) => false,
+            Err(_) => None,
         };
-        if !theirs {
+        if existing.is_none() {
             return Err(format!(
                 "{} holds a store that is not a follower's copy of {url}; a follower keeps a \
                  private store of its own: give it another --store",
@@ -93,9 +98,20 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
             ));
         }
     }
+    let target = Target::open_existing(url)?;
+    if let Some(store) = existing {
+        let followed = Followed::of(&store).filter(|f| f.url == url);
+        match followed {
+            Some(f) if runtime()?.block_on(resumable(&target, &f))? => {
+                store.freeze(frozen_reason(url));
+                tracing::info!(replica = %super::redact(url), generation = %f.generation, commit = f.commit, "following the replica from the commit the store holds");
+                return Ok(store);
+            }
+            _ => drop(store),
+        }
+    }
     // Rebuilt beside the store and renamed over it: the store is exactly the replica's state
     // (a `restore` would also make it disown the writer's generation, in a commit of its own).
-    let target = Target::open_existing(url)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -134,6 +150,44 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     Ok(store)
 }
 
+/// Whether a follower's store at `f` can go on from there: `f`'s generation is the newest
+/// that stands, and `f.commit` is its snapshot's commit or the end of a segment that stands,
+/// the chain from the snapshot up to it verifying (its segments are read, not the snapshot).
+async fn resumable(target: &Target, f: &Followed) -> Result<bool, String> {
+    target.load_fence().await?;
+    let mut newest = None;
+    for name in target.generation_names().await?.iter().rev() {
+        if let Some(m) = target.manifest(name).await? {
+            newest = Some(m);
+            break;
+        }
+    }
+    let Some(m) = newest.filter(|m| m.generation == f.generation) else {
+        return Ok(false);
+    };
+    if f.commit == m.commit {
+        return Ok(true);
+    }
+    let segments = target.segments(&m.generation).await?;
+    if f.commit < m.commit || !segments.iter().any(|l| l.last == f.commit) {
+        return Ok(false);
+    }
+    // The walk ends at the segment that ends at `f.commit`, or before it at a break.
+    let (to, mut reached) = (f.commit, m.commit);
+    walk(
+        target,
+        &m,
+        &segments,
+        (m.commit, m.commit_time_ns),
+        &mut |records| {
+            reached = records.last().map_or(reached, |r| r.seq());
+            Ok(reached < to)
+        },
+    )
+    .await?;
+    Ok(reached == to)
+}
+
 /// What `status` shows of a follower.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FollowState {
@@ -168,6 +222,7 @@ struct Stop {
 
 /// A running follower: its polling thread and what it has applied.
 pub struct Follower {
+    pub interval: Duration,
     state: Arc<Mutex<FollowState>>,
     stop: Arc<Stop>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -228,6 +283,7 @@ impl Follower {
             })
             .map_err(|e| format!("starting the follower thread: {e}"))?;
         Ok(Follower {
+            interval,
             state,
             stop,
             thread: Mutex::new(Some(thread)),

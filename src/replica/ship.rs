@@ -50,6 +50,27 @@ const GENERATION_GONE: &str = "its manifest is gone";
 /// The generation's health is checked at least this often (and every ten intervals).
 const CHECK_EVERY: Duration = Duration::from_secs(60);
 
+/// What one replica holds once the mount's replication has stopped: what `redbfs unmount`
+/// prints. The URL is redacted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Unshipped {
+    pub url: String,
+    /// The last commit the replica holds.
+    pub shipped_commit: u64,
+    /// The last commit the store made.
+    pub commits: u64,
+    /// A newer writer took the role over: what the replica lacks stays in this store only.
+    #[serde(default)]
+    pub fenced: bool,
+}
+
+impl Unshipped {
+    /// The commits the replica was left without, if any.
+    pub fn missing(&self) -> Option<std::ops::RangeInclusive<u64>> {
+        (self.shipped_commit < self.commits).then(|| self.shipped_commit + 1..=self.commits)
+    }
+}
+
 /// What a replica has shipped, for `redbfs status`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Lag {
@@ -199,7 +220,7 @@ impl Replication {
     /// replica, what was left unshipped. A checkpoint first, so closing the store adds no
     /// commit the replicas never see and the next mount can continue their generations. Takes
     /// `&self`: a status request still holding the replication cannot keep it from shipping.
-    pub fn stop(&self) {
+    pub fn stop(&self) -> Vec<Unshipped> {
         if !self.fs.store().is_failed()
             && let Err(e) = self.fs.store().checkpoint()
         {
@@ -231,14 +252,23 @@ impl Replication {
             }
         }
         let commits = self.fs.store().log_state().0;
+        let mut summary = Vec::with_capacity(self.lags.len());
         for (lag, _) in &self.lags {
             let l = lock(lag);
-            if l.shipped_commit < commits {
-                tracing::warn!(replica = %super::redact(&l.url), shipped = l.shipped_commit, "the replica was left without commits {}..={commits} (the next mount starts a new generation)", l.shipped_commit + 1);
+            let left = Unshipped {
+                url: super::redact(&l.url),
+                shipped_commit: l.shipped_commit,
+                commits,
+                fenced: l.fenced.is_some(),
+            };
+            if let Some(r) = left.missing() {
+                tracing::warn!(replica = %left.url, shipped = l.shipped_commit, "the replica was left without commits {}..={} (the next mount starts a new generation)", r.start(), r.end());
             } else {
-                tracing::info!(replica = %super::redact(&l.url), commit = l.shipped_commit, "the replica holds every commit");
+                tracing::info!(replica = %left.url, commit = l.shipped_commit, "the replica holds every commit");
             }
+            summary.push(left);
         }
+        summary
     }
 
     /// Each replica's state, with how far behind commit `commits` it is.

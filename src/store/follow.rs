@@ -67,6 +67,11 @@ impl Store {
         *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
     }
 
+    /// Takes a freeze back: a promoted follower's store takes changes again.
+    pub fn unfreeze(&self) {
+        *self.frozen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// Puts `key` in `meta` in a durable transaction of its own that takes no commit number
     /// and reaches no replica: a note about this copy of the store (a fenced writer's), on a
     /// frozen store too.
