@@ -858,3 +858,38 @@ fn import_tar_skips_and_lists_what_would_leave_the_target_or_break_a_limit() {
     drop(store);
     assert!(ok(redbfs(&["check", s(&path)])).contains("clean"));
 }
+
+/// A store of small files an import made takes less than twice its content bytes: the import
+/// indexes only the directory entries it makes in history, and the free pages its one large
+/// transaction left are given back. Every file reads back whole.
+#[test]
+fn an_imported_store_of_small_files_stays_within_twice_its_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let mut content = 0u64;
+    for d in 0..20 {
+        std::fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+        for f in 0..100 {
+            let text = format!("memory {d} {f} ").repeat(70);
+            content += text.len() as u64;
+            std::fs::write(src.join(format!("d{d}/m{f}.md")), text).unwrap();
+        }
+    }
+    let store = dir.path().join("s.redb");
+    {
+        // History on, as a mount leaves a new store.
+        let st = Store::open_or_create(&store, (0, 0)).unwrap();
+        st.set_keep_history(86_400 * 1_000_000_000).unwrap();
+    }
+    ok(redbfs(&["import", s(&src), s(&store)]));
+    let bytes = std::fs::metadata(&store).unwrap().len();
+    assert!(
+        bytes < 2 * content,
+        "store {bytes} bytes for {content} content bytes"
+    );
+    ok(redbfs(&["check", s(&store)]));
+    assert_eq!(
+        ok(redbfs(&["cat", s(&store), "/d7/m42.md"])),
+        "memory 7 42 ".repeat(70)
+    );
+}

@@ -105,17 +105,13 @@ impl ReadTxn {
         let mut findings = Vec::new();
         let (mut n_keys, mut n_paths, mut n_times) = (0u64, 0u64, 0u64);
         self.for_each_record(|r| {
-            // A key named twice is indexed with its first before-image.
-            let mut seen = std::collections::HashSet::new();
-            let rk: Vec<(Vec<u8>, Vec<u8>)> = r
-                .undo
-                .iter()
-                .map(|u| (u.key(), u.encode()))
-                .filter(|(k, _)| seen.insert(k.clone()))
-                .collect();
-            for (k, v) in &rk {
+            for (k, v, required) in index_entries(&r, |_| true) {
                 let found = keys.get((k.as_slice(), r.seq)).map_err(map_err)?;
-                if found.as_ref().map(|x| x.value()) != Some(v.as_slice()) {
+                let found = found.as_ref().map(|x| x.value());
+                if found.is_some() {
+                    n_keys += 1;
+                }
+                if found != Some(v.as_slice()) && (required || found.is_some()) {
                     findings.push(format!(
                         "history record {} changed a key its index does not hold as it was",
                         r.seq
@@ -139,7 +135,6 @@ impl ReadTxn {
                     r.seq
                 ));
             }
-            n_keys += rk.len() as u64;
             n_paths += rp.len() as u64;
             n_times += 1;
             Ok(())
@@ -455,6 +450,54 @@ fn self_and_above(path: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The `history_keys` entries of record `r`: (key, before-image, required), each key once
+/// with its first (oldest) before-image. The inode and chunk keys of an inode the operation
+/// created may be left out (`fresh` says which inodes it handed out; the writer passes the
+/// inode numbers it allocated, `check`, which cannot know, every inode absent before the
+/// record): inode numbers are never handed out twice, so at no point before the operation
+/// does a directory entry name that inode, and no view of the past asks for its keys. An
+/// import of N files then indexes N directory entries, not 3N keys. An inode a revert brings
+/// back under its old number is not fresh: its keys are indexed. Stores indexed before this
+/// hold such entries with the right before-image, and they are accepted.
+pub(crate) fn index_entries(
+    r: &HistoryRecord,
+    fresh: impl Fn(u64) -> bool,
+) -> Vec<(Vec<u8>, Vec<u8>, bool)> {
+    let mut created = std::collections::HashSet::new();
+    let mut named = std::collections::HashSet::new();
+    for u in &r.undo {
+        if let Undo::Inode { ino, old } = u
+            && named.insert(*ino)
+            && old.is_none()
+            && fresh(*ino)
+        {
+            created.insert(*ino);
+        }
+    }
+    // Each key's first entry: a stable sort by key puts it first among its equals (a sort,
+    // not a hash set of keys: an import's record holds an entry per file).
+    let keys: Vec<Vec<u8>> = r.undo.iter().map(Undo::key).collect();
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+    let mut first = vec![false; keys.len()];
+    for (n, &i) in order.iter().enumerate() {
+        first[i] = n == 0 || keys[order[n - 1]] != keys[i];
+    }
+    r.undo
+        .iter()
+        .zip(keys)
+        .zip(first)
+        .filter(|(_, first)| *first)
+        .map(|((u, key), _)| {
+            let required = match u {
+                Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
+                Undo::Dirent { .. } | Undo::Orphan { .. } => true,
+            };
+            (key, u.encode(), required)
+        })
+        .collect()
+}
+
 impl WriteTxn<'_> {
     /// Stops recording before-images: for transactions that are not user operations
     /// (applying history to a scratch copy, dropping expired history).
@@ -658,9 +701,11 @@ impl WriteTxn<'_> {
     pub(super) fn index_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
         self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        // Backwards, so a key named twice keeps its first (oldest) before-image.
-        for u in r.undo.iter().rev() {
-            let (k, v) = (u.key(), u.encode());
+        let from = self.new_inos_from.get().unwrap_or(u64::MAX);
+        for (k, v, _) in index_entries(r, |ino| ino >= from)
+            .into_iter()
+            .filter(|e| e.2)
+        {
             keys.insert((k.as_slice(), r.seq), v.as_slice())
                 .map_err(map_err)?;
             redo_put(
@@ -738,5 +783,95 @@ impl WriteTxn<'_> {
             .map_err(map_err)?;
         redo_put(&self.redo, MARKS, &name, &seq);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fs::{Caller, Fs, Limits, OpenMode};
+    use crate::store::TreeView;
+
+    const ME: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+
+    fn write(fs: &Fs, parent: u64, name: &str, text: &str) {
+        let fh = match fs.lookup(parent, name.as_bytes()) {
+            Ok(i) => {
+                let mode = OpenMode {
+                    write: true,
+                    truncate: true,
+                    ..OpenMode::default()
+                };
+                fs.open(ME, i.ino, mode).unwrap()
+            }
+            Err(_) => {
+                fs.create(ME, parent, name.as_bytes(), 0o644, 0, libc::O_WRONLY)
+                    .unwrap()
+                    .1
+            }
+        };
+        fs.write(ME, fh, 0, text.as_bytes()).unwrap();
+        fs.release(fh).unwrap();
+    }
+
+    /// An import indexes the directory entries it makes, not the inode and chunk keys of the
+    /// inodes it handed out: they have nothing to go back to. The past still reads right
+    /// before and after the import, and after a later edit of an imported file.
+    #[test]
+    fn an_import_indexes_its_directory_entries_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("m")).unwrap();
+        for i in 0..20 {
+            std::fs::write(src.join(format!("m/f{i}.md")), format!("first {i}")).unwrap();
+        }
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let limits = Limits::default();
+        crate::tools::import(&store, &limits, &src, "/", true, &mut |_| {}).unwrap();
+        let fs = Fs::new(store, limits).unwrap();
+        let created = fs.store().read().unwrap().last_seq().unwrap();
+        let m = fs.lookup(ROOT_INO, b"m").unwrap().ino;
+        write(&fs, m, "f0.md", "second");
+        let f1 = fs.lookup(m, b"f1.md").unwrap().ino;
+
+        let r = fs.store().read().unwrap();
+        let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+        let mut dirents = 0;
+        for item in keys.iter().unwrap() {
+            let (k, _) = item.unwrap();
+            let key = k.value().0;
+            match key[0] {
+                1 | 3 => {
+                    let ino = u64::from_be_bytes(key[1..9].try_into().unwrap());
+                    assert_ne!(ino, f1, "a key of an inode only created is indexed");
+                }
+                2 if key[1..9] == m.to_be_bytes() => dirents += 1,
+                _ => {}
+            }
+        }
+        assert!(dirents >= 20, "each creation indexes its entry: {dirents}");
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+
+        let read = |seq: u64, name: &str| {
+            let past = r.past(seq).unwrap();
+            past.lookup(m, name).unwrap().map(|(ino, _)| {
+                let size = past.inode(ino).unwrap().unwrap().size;
+                let c = past.chunks(ino, 0, size.div_ceil(CHUNK_SIZE)).unwrap();
+                String::from_utf8(c.into_iter().flatten().flatten().collect()).unwrap()
+            })
+        };
+        assert_eq!(read(created - 1, "f0.md"), None);
+        assert_eq!(read(created - 1, "f1.md"), None);
+        assert_eq!(read(created, "f0.md").as_deref(), Some("first 0"));
+        assert_eq!(read(created, "f1.md").as_deref(), Some("first 1"));
+        assert_eq!(read(created, "f0.md").as_deref(), Some("first 0"));
+        let edited = r.last_seq().unwrap();
+        assert_eq!(read(edited, "f0.md").as_deref(), Some("second"));
+        assert_eq!(read(edited, "f1.md").as_deref(), Some("first 1"));
     }
 }

@@ -57,7 +57,11 @@
 //!                                       A key's value at point S is the before-image of the
 //!                                       first record after S that changed it, or the value
 //!                                       now if none did: `show`, `diff` and `revert` of one
-//!                                       path read the past without replaying history
+//!                                       path read the past without replaying history.
+//!                                       The inode and chunk keys of an inode the operation
+//!                                       handed out are left out (`history::index_entries`):
+//!                                       no point before it reaches that inode, since inode
+//!                                       numbers are never handed out twice
 //! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
 //! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
 //!                                       points given as a time

@@ -72,6 +72,9 @@ pub struct WriteTxn<'s> {
     pub(super) steps: std::cell::Cell<u64>,
     /// The per-directory rows this transaction changed (see `subtree`).
     pub(super) agg: super::subtree::Pending,
+    /// The first inode number this transaction handed out: inodes from it on did not exist
+    /// before, and history's index leaves their keys out (see `history::index_entries`).
+    pub(super) new_inos_from: std::cell::Cell<Option<u64>>,
 }
 
 impl Store {
@@ -107,6 +110,7 @@ impl Store {
             new_blobs: Vec::new(),
             steps: std::cell::Cell::new(0),
             agg: Default::default(),
+            new_inos_from: std::cell::Cell::new(None),
         })
     }
 
@@ -174,7 +178,11 @@ impl WriteTxn<'_> {
 
     /// A fresh inode number, never used before in this store.
     pub fn alloc_ino(&self) -> Result<u64, StoreError> {
-        self.next_counter(META_NEXT_INO)
+        let ino = self.next_counter(META_NEXT_INO)?;
+        if self.new_inos_from.get().is_none() {
+            self.new_inos_from.set(Some(ino));
+        }
+        Ok(ino)
     }
 
     // ---- the four primitives ----
