@@ -185,7 +185,7 @@ pub(super) fn status(v: &Value, f: Format) {
             follower_line(&v["follower"]);
         }
         if let Some(why) = v["read_only_why"].as_str() {
-            println!("read-only:  {why}");
+            outln!("read-only:  {}", shown(why));
         }
     }
     for u in v["replica_urls"].as_array().into_iter().flatten() {
@@ -204,7 +204,7 @@ fn follower_line(f: &Value) {
             f["seconds_behind"].as_f64().unwrap_or(0.0)
         )
     };
-    println!(
+    outln!(
         "follows:    {} (generation {}): writer shipped commit {}, follower at {}, {state}",
         text(&f["url"]),
         text(&f["generation"]),
@@ -212,7 +212,7 @@ fn follower_line(f: &Value) {
         f["follower_commit"]
     );
     if let Some(e) = f["error"].as_str() {
-        println!("            cannot follow now: {e}");
+        outln!("            cannot follow now: {}", shown(e));
     }
 }
 
@@ -241,7 +241,7 @@ fn replica_line(r: &Value) {
         outln!("            started a new generation: {}", shown(p));
     }
     if let Some(e) = r["fenced"].as_str() {
-        println!("            {e}");
+        outln!("            {}", shown(e));
     }
 }
 
