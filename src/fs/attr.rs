@@ -186,7 +186,7 @@ impl Fs {
             // write's times over these ones in between.
             let open = lock(&self.files).get(&ino).cloned();
             let mut content = open.as_ref().map(|f| lock(&f.content));
-            let mut w = self.store.write()?;
+            let mut w = self.store.write_by(caller.pid)?;
             let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
             if let Some(m) = a.mode {
                 inode.perm = m & 0o7777;

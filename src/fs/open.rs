@@ -171,7 +171,7 @@ impl Fs {
             return Ok(());
         }
         self.writable()?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(g.last_writer.pid)?;
         self.describe(
             &mut w,
             g.last_writer,

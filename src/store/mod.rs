@@ -168,6 +168,16 @@ pub enum Sync {
     Deferred,
 }
 
+/// How commits reached the disk since the store opened (`Store::commit_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CommitStats {
+    /// Commits through the write-ahead log whose caller waited for them to be durable.
+    pub durable_commits: u64,
+    /// fdatasyncs of the log: each makes every record appended before it durable, so
+    /// concurrent durable commits share one.
+    pub log_syncs: u64,
+}
+
 /// Counts kept in `meta`, for status, statfs and quotas.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Usage {
@@ -208,6 +218,8 @@ pub struct Store {
     disk_free: AtomicU64,
     /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
     commit_steps: AtomicU64,
+    /// Commits through the log that waited for it (see `Store::commit_stats`).
+    durable_commits: AtomicU64,
     /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
     /// whether a flush runs now.
     preflush: OnceLock<Option<std::sync::Arc<std::fs::File>>>,
