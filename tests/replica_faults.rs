@@ -14,11 +14,12 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::hosts::Moto;
 use common::{fuse_available, redbfs_bin};
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -838,55 +839,6 @@ fn rechecksum(bytes: &[u8], id: u64) -> Vec<u8> {
 
 // ---- S3: a server that answers 500 or stalls ----
 
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Moto {
-    fn start() -> Moto {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
-        assert!(
-            bin.exists(),
-            "{} is missing: run tests/clients/setup.sh",
-            bin.display()
-        );
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(s, "PUT /memory HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        Moto { child, port }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 const PASS: u8 = 0;
 const FAIL_500: u8 = 1;
 const STALL: u8 = 2;
@@ -962,7 +914,7 @@ fn an_s3_replica_through_errors_and_stalls() {
     if !fuse_available() {
         return;
     }
-    let moto = Moto::start();
+    let moto = Moto::with_bucket("memory");
     let proxy = FaultProxy::start(moto.port);
     let endpoint = format!("http://127.0.0.1:{}", proxy.port);
     let env = [
