@@ -30,6 +30,18 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
         .unwrap()
 }
 
+/// `redbfs mount MP --store STORE EXTRA...` with `env` set.
+fn mount(mp: &Path, store: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    run(&args, env)
+}
+
 fn err_of(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -49,17 +61,10 @@ fn ship_session(dir: &Path, replica: &Path, n: usize) -> (u64, Vec<(String, Stri
     let mp = dir.join("mnt");
     let store = dir.join("mnt.redb");
     let url = format!("file://{}", replica.display());
-    let out = run(
-        &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--replica",
-            &url,
-            "--replica-interval",
-            "100ms",
-        ],
+    let out = mount(
+        &mp,
+        &store,
+        &["--replica", &url, "--replica-interval", "100ms"],
         &[],
     );
     assert!(out.status.success(), "{}", err_of(&out));
@@ -339,15 +344,7 @@ fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
-    let out = run(
-        &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = mount(&mp, &store, &[], &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     std::fs::write(mp.join("after.md"), "after the fifo\n").unwrap();
     let out = run(&["unmount", mp.to_str().unwrap()], &[]);
@@ -574,12 +571,10 @@ fn a_replica_deleted_under_a_mount_starts_a_new_generation() {
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
     let log = dir.path().join("log");
-    let out = run(
+    let out = mount(
+        &mp,
+        &store,
         &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
             "--log-file",
             log.to_str().unwrap(),
             "--replica",
@@ -656,17 +651,7 @@ fn secrets_in_urls_are_refused_and_never_shown() {
         "s3://AKIDEXAMPLE:Secret123@bucket/p",
         "s3://bucket/p?token=Secret123",
     ] {
-        let out = run(
-            &[
-                "mount",
-                mp.to_str().unwrap(),
-                "--store",
-                store.to_str().unwrap(),
-                "--replica",
-                url,
-            ],
-            &[],
-        );
+        let out = mount(&mp, &store, &["--replica", url], &[]);
         let said = err_of(&out);
         assert!(!out.status.success());
         assert!(!said.contains("Secret123"), "{said}");
@@ -712,17 +697,7 @@ fn a_replica_inside_the_mountpoint_is_refused() {
         format!("file://{}", mp.display()),
         format!("file://{}/x", link.display()),
     ] {
-        let out = run(
-            &[
-                "mount",
-                mp.to_str().unwrap(),
-                "--store",
-                store.to_str().unwrap(),
-                "--replica",
-                &url,
-            ],
-            &[],
-        );
+        let out = mount(&mp, &store, &["--replica", &url], &[]);
         assert!(!out.status.success(), "mounted with {url}");
         assert!(
             err_of(&out).contains("inside the mountpoint"),
@@ -930,12 +905,10 @@ fn an_s3_replica_through_errors_and_stalls() {
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
     let log = dir.path().join("log");
-    let out = run(
+    let out = mount(
+        &mp,
+        &store,
         &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
             "--log-file",
             log.to_str().unwrap(),
             "--replica",
