@@ -336,7 +336,9 @@ pub enum Undo {
 /// The trailing conflict note (a replace that overwrote or was refused for overwriting
 /// another process's edit) was added within version 1: records without it end after the
 /// undo list, and readers that predate it ignore it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+///
+/// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HistoryRecord {
     pub seq: u64,
     pub time: i64,
@@ -353,7 +355,7 @@ pub struct HistoryRecord {
     #[serde(skip)]
     pub undo: Vec<Undo>,
     /// Set when this replace lost, or was refused for losing, another process's edit.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<String>,
 }
 
