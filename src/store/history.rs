@@ -98,52 +98,57 @@ impl ReadTxn {
 
     /// Where history's indexes disagree with the records (for check): each record's keys,
     /// paths and time indexed, with its before-images, and nothing else indexed.
+    ///
+    /// Each index is checked by a merge, not a lookup per entry: what the records say it
+    /// must hold, sorted as the index is, against one ordered scan of it. The records are
+    /// taken in batches of at most `INDEX_CHECK_BATCH` wanted entries, each merged with the
+    /// stretch of the index between its first and last entry, so memory stays bounded
+    /// however long the history. Before-images are compared by a hash keyed afresh in each
+    /// process.
     pub fn history_index_findings(&self) -> Result<Vec<String>, StoreError> {
+        self.index_findings_in_batches(INDEX_CHECK_BATCH)
+    }
+
+    fn index_findings_in_batches(&self, batch: usize) -> Result<Vec<String>, StoreError> {
         let keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
         let paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
         let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
-        let mut findings = Vec::new();
-        let (mut n_keys, mut n_paths, mut n_times) = (0u64, 0u64, 0u64);
+        let mut check = IndexCheck {
+            hasher: std::collections::hash_map::RandomState::new(),
+            ..IndexCheck::default()
+        };
         self.for_each_record(|r| {
-            for (k, v, required) in index_entries(&r, |_| true) {
-                let found = keys.get((k.as_slice(), r.seq)).map_err(map_err)?;
-                let found = found.as_ref().map(|x| x.value());
-                if found.is_some() {
-                    n_keys += 1;
-                }
-                if found != Some(v.as_slice()) && (required || found.is_some()) {
-                    findings.push(format!(
-                        "history record {} changed a key its index does not hold as it was",
-                        r.seq
-                    ));
-                }
+            for (key, value, required) in index_entries(&r, |_| true) {
+                let value = std::hash::BuildHasher::hash_one(&check.hasher, value.as_slice());
+                check.keys.push((key, r.seq, value, required));
             }
             let mut rp: Vec<&str> = r.paths.iter().map(String::as_str).collect();
             rp.sort_unstable();
             rp.dedup();
-            for p in &rp {
-                if paths.get((*p, r.seq)).map_err(map_err)?.is_none() {
-                    findings.push(format!(
-                        "history record {} names {p:?}, which its path index lacks",
-                        r.seq
-                    ));
-                }
+            check
+                .paths
+                .extend(rp.into_iter().map(|p| (p.to_string(), r.seq)));
+            check.times.push((r.time, r.seq));
+            if check.keys.len() + check.paths.len() + check.times.len() >= batch {
+                check.merge(&keys, &paths, &times)?;
             }
-            if times.get((r.time, r.seq)).map_err(map_err)?.is_none() {
-                findings.push(format!(
-                    "history record {} is missing from the time index",
-                    r.seq
-                ));
-            }
-            n_paths += rp.len() as u64;
-            n_times += 1;
             Ok(())
         })?;
+        check.merge(&keys, &paths, &times)?;
+        let mut findings = check.findings;
         use redb::ReadableTableMetadata;
         for (table, want, got) in [
-            ("history_keys", n_keys, keys.len().map_err(map_err)?),
-            ("history_paths", n_paths, paths.len().map_err(map_err)?),
-            ("history_times", n_times, times.len().map_err(map_err)?),
+            ("history_keys", check.n_keys, keys.len().map_err(map_err)?),
+            (
+                "history_paths",
+                check.n_paths,
+                paths.len().map_err(map_err)?,
+            ),
+            (
+                "history_times",
+                check.n_times,
+                times.len().map_err(map_err)?,
+            ),
         ] {
             if want != got {
                 findings.push(format!(
@@ -401,6 +406,122 @@ impl ReadTxn {
             Some(item) => Ok(item.map_err(map_err)?.0.value().1),
             None => Ok(0),
         }
+    }
+}
+
+/// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
+const INDEX_CHECK_BATCH: usize = 1 << 18;
+
+/// A batch of what history's indexes must hold, by the records read so far, and what the
+/// merges found.
+#[derive(Default)]
+struct IndexCheck {
+    hasher: std::collections::hash_map::RandomState,
+    /// (key, seq, hash of the before-image, whether the index must hold it)
+    keys: Vec<(Vec<u8>, u64, u64, bool)>,
+    paths: Vec<(String, u64)>,
+    times: Vec<(i64, u64)>,
+    /// Wanted entries found in the index (a key's, whatever its before-image).
+    n_keys: u64,
+    n_paths: u64,
+    n_times: u64,
+    findings: Vec<String>,
+}
+
+impl IndexCheck {
+    /// Merges the batch with the indexes and empties it.
+    fn merge(
+        &mut self,
+        keys: &redb::ReadOnlyTable<(&[u8], u64), &[u8]>,
+        paths: &redb::ReadOnlyTable<(&str, u64), ()>,
+        times: &redb::ReadOnlyTable<(i64, u64), ()>,
+    ) -> Result<(), StoreError> {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        self.keys
+            .sort_unstable_by(|a, b| (a.0.as_slice(), a.1).cmp(&(b.0.as_slice(), b.1)));
+        if let (Some(lo), Some(hi)) = (self.keys.first(), self.keys.last()) {
+            let mut index = keys
+                .range((lo.0.as_slice(), lo.1)..=(hi.0.as_slice(), hi.1))
+                .map_err(map_err)?;
+            let mut held = index.next().transpose().map_err(map_err)?;
+            for (key, seq, value, required) in self.keys.drain(..) {
+                let mut found = None;
+                while let Some((k, v)) = &held {
+                    match k.value().cmp(&(key.as_slice(), seq)) {
+                        Less => {}
+                        Equal => {
+                            found = Some(std::hash::BuildHasher::hash_one(&self.hasher, v.value()))
+                        }
+                        Greater => break,
+                    }
+                    held = index.next().transpose().map_err(map_err)?;
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                if found.is_some() {
+                    self.n_keys += 1;
+                }
+                if found != Some(value) && (required || found.is_some()) {
+                    self.findings.push(format!(
+                        "history record {seq} changed a key its index does not hold as it was"
+                    ));
+                }
+            }
+        }
+        self.paths.sort_unstable();
+        if let (Some(lo), Some(hi)) = (self.paths.first(), self.paths.last()) {
+            let mut index = paths
+                .range((lo.0.as_str(), lo.1)..=(hi.0.as_str(), hi.1))
+                .map_err(map_err)?;
+            let mut held = index.next().transpose().map_err(map_err)?;
+            for (path, seq) in self.paths.drain(..) {
+                let mut found = false;
+                while let Some((k, _)) = &held {
+                    match k.value().cmp(&(path.as_str(), seq)) {
+                        Less => {}
+                        Equal => found = true,
+                        Greater => break,
+                    }
+                    held = index.next().transpose().map_err(map_err)?;
+                    if found {
+                        break;
+                    }
+                }
+                if !found {
+                    self.findings.push(format!(
+                        "history record {seq} names {path:?}, which its path index lacks"
+                    ));
+                }
+                self.n_paths += 1;
+            }
+        }
+        self.times.sort_unstable();
+        if let (Some(lo), Some(hi)) = (self.times.first(), self.times.last()) {
+            let mut index = times.range(*lo..=*hi).map_err(map_err)?;
+            let mut held = index.next().transpose().map_err(map_err)?;
+            for (time, seq) in self.times.drain(..) {
+                let mut found = false;
+                while let Some((k, _)) = &held {
+                    match k.value().cmp(&(time, seq)) {
+                        Less => {}
+                        Equal => found = true,
+                        Greater => break,
+                    }
+                    held = index.next().transpose().map_err(map_err)?;
+                    if found {
+                        break;
+                    }
+                }
+                if !found {
+                    self.findings.push(format!(
+                        "history record {seq} is missing from the time index"
+                    ));
+                }
+                self.n_times += 1;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -816,6 +937,76 @@ mod tests {
         };
         fs.write(ME, fh, 0, text.as_bytes()).unwrap();
         fs.release(fh).unwrap();
+    }
+
+    /// The index check merges what the records want with ordered scans of the indexes (it
+    /// looked each entry up, which was most of `check`'s time on a long history): a changed
+    /// before-image, a path or a time missing, and an entry no record accounts for are each
+    /// still found, across several batches as in one.
+    #[test]
+    fn the_index_check_finds_what_is_changed_missing_or_extra() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        for i in 0..40 {
+            write(&fs, ROOT_INO, &format!("f{}.md", i % 7), &format!("v{i}"));
+        }
+        let findings = |batch: usize| {
+            let r = fs.store().read().unwrap();
+            let mut found = r.index_findings_in_batches(batch).unwrap();
+            found.sort();
+            found
+        };
+        assert_eq!(findings(INDEX_CHECK_BATCH), Vec::<String>::new());
+        assert_eq!(findings(5), Vec::<String>::new());
+        let (changed, path, path_seq, time_seq) = {
+            let mut w = fs.store().write().unwrap();
+            w.without_history();
+            let mut keys = w.tx.open_table(HISTORY_KEYS).unwrap();
+            let (k, seq) = {
+                let last = keys.last().unwrap().unwrap();
+                let (k, seq) = last.0.value();
+                (k.to_vec(), seq)
+            };
+            keys.insert((k.as_slice(), seq), b"changed".as_slice())
+                .unwrap();
+            keys.insert((b"\xffno record".as_slice(), 1), b"x".as_slice())
+                .unwrap();
+            drop(keys);
+            let mut paths = w.tx.open_table(HISTORY_PATHS).unwrap();
+            let (path, path_seq) = {
+                let first = paths.first().unwrap().unwrap();
+                let (p, seq) = first.0.value();
+                (p.to_string(), seq)
+            };
+            paths.remove((path.as_str(), path_seq)).unwrap();
+            drop(paths);
+            let mut times = w.tx.open_table(HISTORY_TIMES).unwrap();
+            let first = times.first().unwrap().unwrap().0.value();
+            times.remove(first).unwrap();
+            drop(times);
+            w.commit(Sync::Durable).unwrap();
+            (seq, path, path_seq, first.1)
+        };
+        let found = findings(INDEX_CHECK_BATCH);
+        assert_eq!(findings(5), found, "batches of 5 find what one batch finds");
+        for want in [
+            format!("history record {changed} changed a key its index does not hold as it was"),
+            format!("history record {path_seq} names {path:?}, which its path index lacks"),
+            format!("history record {time_seq} is missing from the time index"),
+        ] {
+            assert!(found.contains(&want), "{want:?} not in {found:?}");
+        }
+        for table in ["history_keys", "history_paths", "history_times"] {
+            assert!(
+                found
+                    .iter()
+                    .any(|f| f.starts_with(&format!("{table} holds "))),
+                "{table}: {found:?}"
+            );
+        }
+        assert_eq!(found.len(), 6, "{found:?}");
     }
 
     /// An import indexes the directory entries it makes, not the inode and chunk keys of the
