@@ -482,6 +482,7 @@ pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    store: PathBuf,
 }
 
 impl Client {
@@ -491,6 +492,7 @@ impl Client {
         Ok(Client {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
+            store: store.to_path_buf(),
         })
     }
 
@@ -508,19 +510,30 @@ impl Client {
 
     /// `log`: hands `on_page` each page, newest records first, until the log ends, `q`'s
     /// limit is reached or `on_page` returns false. Pages stream on one request; a daemon
-    /// that answers one page at a time is asked for each next page.
+    /// that answers one page at a time is asked for each next page. The daemon drops a
+    /// client that takes no answer for `IDLE` (`redbfs log | less`, left open): the log then
+    /// goes on from the last page it received, on a new connection.
     pub fn log(
         &mut self,
         q: &tools::LogQuery,
         on_page: &mut dyn FnMut(&tools::LogPage) -> Result<bool, String>,
     ) -> Result<(), String> {
-        let mut req = serde_json::to_value(q).map_err(|e| e.to_string())?;
-        req["op"] = json!("log");
-        req["stream"] = json!(true);
-        self.send(&req)?;
-        let mut left = q.limit.unwrap_or(u64::MAX);
+        // What is left to read: from the last page's cursor, with the records still wanted.
+        let mut rest = q.clone();
+        self.send(&log_request(&rest, true)?)?;
+        let mut resumed = false;
         loop {
-            let line = self.answer_line()?;
+            let line = match self.answer_line() {
+                Ok(line) => line,
+                Err(_) if !resumed && rest.cursor.is_some() => {
+                    *self =
+                        Client::connect(&self.store).map_err(|e| format!("control socket: {e}"))?;
+                    self.send(&log_request(&rest, true)?)?;
+                    resumed = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let a: LogAnswer =
                 serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
             if !a.ok {
@@ -532,15 +545,24 @@ impl Client {
                 since_ns: a.since_ns,
                 last_seq: a.last_seq,
             };
-            left = left.saturating_sub(page.records.len() as u64);
-            if !on_page(&page)? || page.cursor.is_none() || left == 0 {
+            resumed = false;
+            let left = rest
+                .limit
+                .map(|l| l.saturating_sub(page.records.len() as u64));
+            if !on_page(&page)? || page.cursor.is_none() || left == Some(0) {
                 return Ok(());
             }
+            rest = tools::LogQuery {
+                limit: left,
+                ..rest.after(&page, 0)
+            };
             if !a.streamed {
-                let mut next = serde_json::to_value(q.after(&page, left.min(tools::LOG_PAGE_MAX)))
-                    .map_err(|e| e.to_string())?;
-                next["op"] = json!("log");
-                self.send(&next)?;
+                let page_size = left.unwrap_or(u64::MAX).min(tools::LOG_PAGE_MAX);
+                let next = tools::LogQuery {
+                    limit: Some(page_size),
+                    ..rest.clone()
+                };
+                self.send(&log_request(&next, false)?)?;
             }
         }
     }
@@ -564,6 +586,16 @@ impl Client {
         }
         Ok(line)
     }
+}
+
+/// A `log` request for what `q` asks, streamed or one page.
+fn log_request(q: &tools::LogQuery, stream: bool) -> Result<Value, String> {
+    let mut req = serde_json::to_value(q).map_err(|e| e.to_string())?;
+    req["op"] = json!("log");
+    if stream {
+        req["stream"] = json!(true);
+    }
+    Ok(req)
 }
 
 /// An answer to `log`, as the client reads it: a page, or a refusal.
