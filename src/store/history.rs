@@ -429,34 +429,59 @@ struct IndexCheck {
 }
 
 impl IndexCheck {
-    /// Merges the batch with the indexes and empties it.
+    /// Checks the batch against the indexes and empties it: by a merge with an ordered scan
+    /// of each index between the batch's first and last entry, or, where that stretch may
+    /// hold many times more entries than the batch (a long history checked in several
+    /// batches), by a lookup per entry, in order.
     fn merge(
         &mut self,
         keys: &redb::ReadOnlyTable<(&[u8], u64), &[u8]>,
         paths: &redb::ReadOnlyTable<(&str, u64), ()>,
         times: &redb::ReadOnlyTable<(i64, u64), ()>,
     ) -> Result<(), StoreError> {
+        use redb::ReadableTableMetadata;
         use std::cmp::Ordering::{Equal, Greater, Less};
+        // A scanned entry costs a fraction of a lookup: scan unless the index is this much
+        // larger than the batch.
+        const SCAN_UP_TO: u64 = 8;
+        let scan = |index_len: u64, batch: usize| index_len <= SCAN_UP_TO * batch as u64;
+        let hash = |hasher: &std::collections::hash_map::RandomState, v: &[u8]| {
+            std::hash::BuildHasher::hash_one(hasher, v)
+        };
         self.keys
             .sort_unstable_by(|a, b| (a.0.as_slice(), a.1).cmp(&(b.0.as_slice(), b.1)));
         if let (Some(lo), Some(hi)) = (self.keys.first(), self.keys.last()) {
-            let mut index = keys
-                .range((lo.0.as_slice(), lo.1)..=(hi.0.as_slice(), hi.1))
-                .map_err(map_err)?;
-            let mut held = index.next().transpose().map_err(map_err)?;
-            for (key, seq, value, required) in self.keys.drain(..) {
+            let mut index = match scan(keys.len().map_err(map_err)?, self.keys.len()) {
+                true => Some(
+                    keys.range((lo.0.as_slice(), lo.1)..=(hi.0.as_slice(), hi.1))
+                        .map_err(map_err)?,
+                ),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (key, seq, value, required) in std::mem::take(&mut self.keys) {
                 let mut found = None;
-                while let Some((k, v)) = &held {
-                    match k.value().cmp(&(key.as_slice(), seq)) {
-                        Less => {}
-                        Equal => {
-                            found = Some(std::hash::BuildHasher::hash_one(&self.hasher, v.value()))
+                match &mut index {
+                    None => {
+                        if let Some(v) = keys.get((key.as_slice(), seq)).map_err(map_err)? {
+                            found = Some(hash(&self.hasher, v.value()));
                         }
-                        Greater => break,
                     }
-                    held = index.next().transpose().map_err(map_err)?;
-                    if found.is_some() {
-                        break;
+                    Some(index) => {
+                        while let Some((k, v)) = &held {
+                            match k.value().cmp(&(key.as_slice(), seq)) {
+                                Less => {}
+                                Equal => found = Some(hash(&self.hasher, v.value())),
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found.is_some() {
+                                break;
+                            }
+                        }
                     }
                 }
                 if found.is_some() {
@@ -471,21 +496,34 @@ impl IndexCheck {
         }
         self.paths.sort_unstable();
         if let (Some(lo), Some(hi)) = (self.paths.first(), self.paths.last()) {
-            let mut index = paths
-                .range((lo.0.as_str(), lo.1)..=(hi.0.as_str(), hi.1))
-                .map_err(map_err)?;
-            let mut held = index.next().transpose().map_err(map_err)?;
-            for (path, seq) in self.paths.drain(..) {
+            let mut index = match scan(paths.len().map_err(map_err)?, self.paths.len()) {
+                true => Some(
+                    paths
+                        .range((lo.0.as_str(), lo.1)..=(hi.0.as_str(), hi.1))
+                        .map_err(map_err)?,
+                ),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (path, seq) in std::mem::take(&mut self.paths) {
                 let mut found = false;
-                while let Some((k, _)) = &held {
-                    match k.value().cmp(&(path.as_str(), seq)) {
-                        Less => {}
-                        Equal => found = true,
-                        Greater => break,
-                    }
-                    held = index.next().transpose().map_err(map_err)?;
-                    if found {
-                        break;
+                match &mut index {
+                    None => found = paths.get((path.as_str(), seq)).map_err(map_err)?.is_some(),
+                    Some(index) => {
+                        while let Some((k, _)) = &held {
+                            match k.value().cmp(&(path.as_str(), seq)) {
+                                Less => {}
+                                Equal => found = true,
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found {
+                                break;
+                            }
+                        }
                     }
                 }
                 if !found {
@@ -498,19 +536,30 @@ impl IndexCheck {
         }
         self.times.sort_unstable();
         if let (Some(lo), Some(hi)) = (self.times.first(), self.times.last()) {
-            let mut index = times.range(*lo..=*hi).map_err(map_err)?;
-            let mut held = index.next().transpose().map_err(map_err)?;
-            for (time, seq) in self.times.drain(..) {
+            let mut index = match scan(times.len().map_err(map_err)?, self.times.len()) {
+                true => Some(times.range(*lo..=*hi).map_err(map_err)?),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (time, seq) in std::mem::take(&mut self.times) {
                 let mut found = false;
-                while let Some((k, _)) = &held {
-                    match k.value().cmp(&(time, seq)) {
-                        Less => {}
-                        Equal => found = true,
-                        Greater => break,
-                    }
-                    held = index.next().transpose().map_err(map_err)?;
-                    if found {
-                        break;
+                match &mut index {
+                    None => found = times.get((time, seq)).map_err(map_err)?.is_some(),
+                    Some(index) => {
+                        while let Some((k, _)) = &held {
+                            match k.value().cmp(&(time, seq)) {
+                                Less => {}
+                                Equal => found = true,
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found {
+                                break;
+                            }
+                        }
                     }
                 }
                 if !found {
