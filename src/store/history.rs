@@ -585,14 +585,14 @@ impl WriteTxn<'_> {
         for u in undo.iter().rev() {
             match u {
                 Undo::Inode { ino, old } => {
-                    let old = match old {
-                        Some(b) => Some(
-                            Inode::decode(*ino, b)
-                                .ok_or_else(|| corrupt("history record", *ino))?,
-                        ),
-                        None => None,
-                    };
-                    self.set_inode(*ino, old.as_ref())?;
+                    // The record whole: its fields and the inline chunk it held.
+                    if let Some(b) = old
+                        && Inode::decode(*ino, b).is_none()
+                    {
+                        return Err(corrupt("history record", *ino));
+                    }
+                    let old = old.as_deref().map(super::write::InodeRecord::Encoded);
+                    self.set_inode_record(*ino, old)?;
                 }
                 Undo::Dirent { parent, name, old } => {
                     let old = match old {
@@ -683,6 +683,66 @@ impl WriteTxn<'_> {
             self.drop_record(r)?;
         }
         Ok(())
+    }
+
+    /// Erases, in every history record and in history's key index, the inode before-images
+    /// whose inline chunk is one of `parts` (encoded, as `TreeView::inline_part_of` gives
+    /// them), and marks those records redacted. Returns the parts found and erased. Reads
+    /// every record: redaction is rare, and a version's bytes may sit in any record that
+    /// changed that inode (a rollback's too), as a blob may be named by any.
+    pub fn redact_inline_everywhere(
+        &mut self,
+        parts: &std::collections::HashSet<Vec<u8>>,
+    ) -> Result<usize, StoreError> {
+        if parts.is_empty() {
+            return Ok(0);
+        }
+        let holds = |u: &Undo| match u {
+            Undo::Inode { old: Some(b), .. } => inline_part(b).is_some_and(|p| parts.contains(p)),
+            _ => false,
+        };
+        let mut hit = Vec::new();
+        {
+            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+            for item in t.iter().map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                let r = HistoryRecord::decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                if r.undo.iter().any(holds) {
+                    hit.push(r);
+                }
+            }
+        }
+        let mut erased = std::collections::HashSet::new();
+        for mut r in hit {
+            let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            for u in &mut r.undo {
+                if !holds(u) {
+                    continue;
+                }
+                let Undo::Inode { old: Some(b), .. } = u else {
+                    continue;
+                };
+                erased.insert(inline_part(b).map(<[u8]>::to_vec));
+                *b = redact_inline(b);
+                let k = u.key();
+                if keys.get((k.as_slice(), r.seq)).map_err(map_err)?.is_some() {
+                    let v = u.encode();
+                    keys.insert((k.as_slice(), r.seq), v.as_slice())
+                        .map_err(map_err)?;
+                    redo_put(
+                        &self.redo,
+                        HISTORY_KEYS,
+                        &(k.as_slice(), r.seq),
+                        &v.as_slice(),
+                    );
+                }
+            }
+            drop(keys);
+            r.redacted = true;
+            self.put_record(&r)?;
+        }
+        Ok(erased.len())
     }
 
     /// Rewrites one history record (redaction).

@@ -25,6 +25,9 @@ pub trait TreeView {
     fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
     /// Whether `redact` erased any chunk of `ino`'s content in this view.
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError>;
+    /// The chunk 0 `ino`'s record holds, encoded as the record holds it (see
+    /// `schema::encode_inline`); None when its content is all in blobs.
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 impl TreeView for ReadTxn {
@@ -45,6 +48,12 @@ impl TreeView for ReadTxn {
     }
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
         ReadTxn::content_redacted(self, ino)
+    }
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        Ok(t.get(ino)
+            .map_err(map_err)?
+            .and_then(|v| inline_part(v.value()).map(<[u8]>::to_vec)))
     }
 }
 
@@ -99,15 +108,27 @@ impl Past<'_> {
     }
 }
 
+impl Past<'_> {
+    /// The encoded record of `ino` at this point (with its inline chunk, if any).
+    fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.changed_after(&undo_key(1, &[ino], ""))? {
+            Some(Undo::Inode { old, .. }) => Ok(old),
+            Some(_) => Err(corrupt("history index entry", ino)),
+            None => {
+                let t = self.now.tx.open_table(INODES).map_err(map_err)?;
+                Ok(t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec()))
+            }
+        }
+    }
+}
+
 impl TreeView for Past<'_> {
     fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
-        match self.changed_after(&undo_key(1, &[ino], ""))? {
-            Some(Undo::Inode { old: None, .. }) => Ok(None),
-            Some(Undo::Inode { old: Some(b), .. }) => Inode::decode(ino, &b)
+        match self.inode_record(ino)? {
+            None => Ok(None),
+            Some(b) => Inode::decode(ino, &b)
                 .map(Some)
                 .ok_or_else(|| corrupt("history record", ino)),
-            Some(_) => Err(corrupt("history index entry", ino)),
-            None => self.now.inode(ino),
         }
     }
 
@@ -186,13 +207,23 @@ impl TreeView for Past<'_> {
         let blobs = self.now.tx.open_table(BLOBS).map_err(map_err)?;
         (first..first.saturating_add(count))
             .map(|idx| {
+                if idx == 0
+                    && let Some(record) = self.inode_record(ino)?
+                    && let Some(inline) = inline_chunk(&record)
+                {
+                    return super::content::inline_content(ino, inline).map(Some);
+                }
                 let Some(blob) = self.blob_at(ino, idx)? else {
                     return Ok(None);
                 };
                 match blobs.get(blob).map_err(map_err)? {
                     Some(v) => decode_blob(v.value())
                         .map(|d| Some(d.to_vec()))
-                        .ok_or(StoreError::Checksum { ino, idx, blob }),
+                        .ok_or(StoreError::Checksum {
+                            ino,
+                            idx,
+                            blob: Some(blob),
+                        }),
                     None => Err(StoreError::Corrupt(format!(
                         "chunk {idx} of inode {ino} at history point {} points to missing blob {blob}",
                         self.seq
@@ -203,6 +234,11 @@ impl TreeView for Past<'_> {
     }
 
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        if let Some(record) = self.inode_record(ino)?
+            && inline_chunk(&record) == Some(InlineChunk::Redacted)
+        {
+            return Ok(true);
+        }
         let red = self.now.tx.open_table(REDACTED).map_err(map_err)?;
         for (_, blob) in self.filemap_of(ino)? {
             if red.get(blob).map_err(map_err)?.is_some() {
@@ -210,5 +246,11 @@ impl TreeView for Past<'_> {
             }
         }
         Ok(false)
+    }
+
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .inode_record(ino)?
+            .and_then(|b| inline_part(&b).map(<[u8]>::to_vec)))
     }
 }

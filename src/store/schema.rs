@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 4)
+//! # Tables (format version 5)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -26,6 +26,8 @@
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
 //! filemap  (u64, u64)      -> u64       (ino, chunk index) -> blob id; a missing index is a hole
+//!                                       (chunk 0 of a file may be held in its inode record
+//!                                       instead, never in both: see "Inline content")
 //! blobs    u64 blob id     -> &[u8]     u32 CRC-32C of the content (LE), then the chunk's
 //!                                       content, at most CHUNK_SIZE bytes (format 3; format 2
 //!                                       stored the content alone and is migrated at open); an
@@ -133,11 +135,31 @@
 //!
 //! A file has exactly one name (no hard links), so `parent` and `name` locate it; directory
 //! renames rewrite only the moved directory's own dirent and record.
+//!
+//! # Inline content (format 5)
+//!
+//! A record of version 2 is a version-1 record followed by the file's chunk 0:
+//!
+//! ```text
+//! 68+N     u8   flags: 1 = redacted (the content was erased: it reads as empty)
+//! 69+N     u32  CRC-32C of the content
+//! 73+N     ...  the content, to the end of the record, at most INLINE_MAX bytes
+//! ```
+//!
+//! A file's chunk 0 of at most `INLINE_MAX` bytes is kept here (written through
+//! `put_chunks`); then the file has no filemap row for chunk 0 and no blob for it. Every
+//! other chunk is a blob. The record is one value, so history's before-image of an inode
+//! (`Undo::Inode`) carries its content with it: a small file's edit keeps no blob, and
+//! undoing the record restores both. A format-4 store (no version-2 records) is valid as it
+//! is; at open its small files move into their records, except those history names (a
+//! point reads a key's value now when no record after it changed the key).
 
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The format before inline content, migrated at open (small files move into their records).
+pub const FORMAT_WITHOUT_INLINE: u32 = 4;
 /// The format before history's indexes, migrated at open (the indexes are built).
 pub const FORMAT_WITHOUT_HISTORY_INDEXES: u32 = 3;
 /// The format before chunk checksums, migrated at open.
@@ -201,7 +223,17 @@ pub(crate) const META_LAST_COMMIT: &str = "last_commit";
 pub(crate) const META_SUBTREE_SEQ: &str = "subtree_seq";
 
 const INODE_RECORD_VERSION: u8 = 1;
+/// A record that also holds the file's chunk 0 (see "Inline content").
+const INODE_RECORD_VERSION_INLINE: u8 = 2;
 const INODE_FIXED_LEN: usize = 68;
+
+/// The largest chunk 0 kept in its file's inode record rather than in a blob of its own.
+/// Below it, a blob's fixed costs (its key, its filemap row, the rows' entries in two
+/// B-trees: about 60 bytes) are a large part of what a memory costs (60% of a 100-byte
+/// file); above it they are under 3%. A record of up to about 2.1 KiB still shares a 4 KiB
+/// redb leaf with its neighbours, so a stat or a walk reading inode records never meets a
+/// page of its own, and a record read for its attributes copies at most this much.
+pub const INLINE_MAX: usize = 2048;
 
 /// What an inode is. Only regular files and directories exist in a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,10 +278,22 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// The record without an inline chunk (version 1).
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(None)
+    }
+
+    /// The record, carrying `inline` (an encoded inline chunk: flags, checksum, content, as
+    /// `encode_inline` makes it) when given: version 2 then, version 1 otherwise.
+    pub fn encode_with(&self, inline: Option<&[u8]>) -> Vec<u8> {
         let name = self.name.as_bytes();
-        let mut out = Vec::with_capacity(INODE_FIXED_LEN + name.len());
-        out.push(INODE_RECORD_VERSION);
+        let tail = inline.map_or(0, <[u8]>::len);
+        let mut out = Vec::with_capacity(INODE_FIXED_LEN + name.len() + tail);
+        out.push(if inline.is_some() {
+            INODE_RECORD_VERSION_INLINE
+        } else {
+            INODE_RECORD_VERSION
+        });
         out.push(self.kind.to_byte());
         out.extend_from_slice(&self.perm.to_le_bytes());
         out.extend_from_slice(&self.uid.to_le_bytes());
@@ -264,19 +308,20 @@ impl Inode {
         // Names are at most 255 bytes (the normaliser's rule), so u16 always fits.
         out.extend_from_slice(&(name.len() as u16).to_le_bytes());
         out.extend_from_slice(name);
+        if let Some(t) = inline {
+            out.extend_from_slice(t);
+        }
         out
     }
 
-    /// Decodes a record; `None` when the bytes are not a version-1 inode record.
+    /// Decodes a record (version 1, or 2 with its inline chunk left aside); `None` when the
+    /// bytes are not an inode record.
     pub fn decode(ino: u64, b: &[u8]) -> Option<Inode> {
-        if b.len() < INODE_FIXED_LEN || b[0] != INODE_RECORD_VERSION {
-            return None;
-        }
+        let (_, name_end) = record_bounds(b)?;
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         let i64_at = |o: usize| i64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        let name_len = u16::from_le_bytes([b[66], b[67]]) as usize;
-        let name = b.get(INODE_FIXED_LEN..INODE_FIXED_LEN + name_len)?;
+        let name = &b[INODE_FIXED_LEN..name_end];
         Some(Inode {
             ino,
             kind: Kind::from_byte(b[1])?,
@@ -292,6 +337,91 @@ impl Inode {
             crtime: i64_at(58),
             name: String::from_utf8(name.to_vec()).ok()?,
         })
+    }
+}
+
+/// The record's version and where its name ends (where a version-2 record's inline chunk
+/// starts); None when the bytes are not an inode record.
+fn record_bounds(b: &[u8]) -> Option<(u8, usize)> {
+    let version = *b.first()?;
+    if b.len() < INODE_FIXED_LEN
+        || (version != INODE_RECORD_VERSION && version != INODE_RECORD_VERSION_INLINE)
+    {
+        return None;
+    }
+    let name_end = INODE_FIXED_LEN + u16::from_le_bytes([b[66], b[67]]) as usize;
+    match version {
+        INODE_RECORD_VERSION if b.len() == name_end => Some((version, name_end)),
+        INODE_RECORD_VERSION_INLINE if b.len() >= name_end + INLINE_HEADER_LEN => {
+            Some((version, name_end))
+        }
+        _ => None,
+    }
+}
+
+/// Chunk 0 of a file as its inode record holds it (see "Inline content").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineChunk<'a> {
+    /// The content, its checksum verified.
+    Content(&'a [u8]),
+    /// `redact` erased this version's content: it reads as empty.
+    Redacted,
+    /// The content does not match its checksum.
+    Damaged,
+}
+
+const INLINE_REDACTED: u8 = 1;
+const INLINE_HEADER_LEN: usize = 5;
+
+/// The inline chunk of an encoded inode record; None for a record without one (or bytes that
+/// are no inode record).
+pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
+    let tail = inline_part(record)?;
+    let (flags, rest) = tail.split_first()?;
+    let (sum, data) = rest.split_at_checked(4)?;
+    Some(if flags & INLINE_REDACTED != 0 {
+        InlineChunk::Redacted
+    } else if crc32c::crc32c(data).to_le_bytes() == sum {
+        InlineChunk::Content(data)
+    } else {
+        InlineChunk::Damaged
+    })
+}
+
+/// Whether an encoded inode record holds an inline chunk that does not match its checksum.
+pub fn inline_is_damaged(record: &[u8]) -> bool {
+    inline_chunk(record) == Some(InlineChunk::Damaged)
+}
+
+/// The encoded inline chunk of a record (flags, checksum, content), to carry it into a
+/// rewrite of the record's other fields.
+pub fn inline_part(record: &[u8]) -> Option<&[u8]> {
+    match record_bounds(record)? {
+        (INODE_RECORD_VERSION_INLINE, end) => Some(&record[end..]),
+        _ => None,
+    }
+}
+
+/// An inline chunk as a version-2 record carries it: flags, the CRC-32C of `data`, `data`.
+pub fn encode_inline(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(INLINE_HEADER_LEN + data.len());
+    out.push(0);
+    out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The record with its inline chunk's content erased and marked redacted (a record without
+/// one is returned unchanged).
+pub fn redact_inline(record: &[u8]) -> Vec<u8> {
+    match record_bounds(record) {
+        Some((INODE_RECORD_VERSION_INLINE, end)) => {
+            let mut out = record[..end].to_vec();
+            out.push(INLINE_REDACTED);
+            out.extend_from_slice(&crc32c::crc32c(&[]).to_le_bytes());
+            out
+        }
+        _ => record.to_vec(),
     }
 }
 
@@ -749,6 +879,36 @@ mod tests {
         assert_eq!(&b[14..22], &123_456_789u64.to_le_bytes());
         assert_eq!(&b[26..34], &7u64.to_le_bytes());
         assert_eq!(b.len(), 68 + "notes \u{1F600}.md".len());
+    }
+
+    #[test]
+    fn an_inline_chunk_rides_in_a_version_2_record() {
+        let i = sample();
+        assert_eq!(inline_chunk(&i.encode()), None);
+        let data = b"a small memory".to_vec();
+        let b = i.encode_with(Some(&encode_inline(&data)));
+        assert_eq!(b[0], 2);
+        assert_eq!(Inode::decode(42, &b), Some(i.clone()));
+        assert_eq!(inline_chunk(&b), Some(InlineChunk::Content(&data[..])));
+        assert_eq!(inline_part(&b), Some(&encode_inline(&data)[..]));
+        // Rewriting the fields keeps the chunk.
+        let mut j = i.clone();
+        j.size = 99;
+        let b2 = j.encode_with(inline_part(&b));
+        assert_eq!(inline_chunk(&b2), Some(InlineChunk::Content(&data[..])));
+        let mut bad = b.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(inline_chunk(&bad), Some(InlineChunk::Damaged));
+        assert!(inline_is_damaged(&bad));
+        let red = redact_inline(&b);
+        assert_eq!(inline_chunk(&red), Some(InlineChunk::Redacted));
+        assert_eq!(Inode::decode(42, &red), Some(i.clone()));
+        // A version-2 record too short for its chunk's header, or a version-1 record with
+        // bytes after its name, is no record.
+        assert_eq!(Inode::decode(42, &b[..b.len() - data.len() - 1]), None);
+        let mut long = i.encode();
+        long.push(0);
+        assert_eq!(Inode::decode(42, &long), None);
     }
 
     #[test]
