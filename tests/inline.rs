@@ -144,8 +144,10 @@ fn files_across_the_threshold_round_trip_through_the_mount_and_export_import() {
     sparse.resize(INLINE_MAX + 1, 0);
     want.insert("sparse.md".into(), sparse);
     shape.push(("sparse.md".into(), true, 0));
-    // Back and forth, read through a handle held open across the rewrites.
-    let held = std::fs::File::open(tm.path("shrink.md")).unwrap();
+    // Back and forth, read through a new open and through a handle held open across the
+    // rewrites (the same inode: each rewrite truncates it).
+    std::fs::write(tm.path("flip.md"), b"first").unwrap();
+    let held = std::fs::File::open(tm.path("flip.md")).unwrap();
     for (i, n) in [INLINE_MAX * 3, 7, INLINE_MAX + 1, INLINE_MAX]
         .into_iter()
         .enumerate()
@@ -153,6 +155,12 @@ fn files_across_the_threshold_round_trip_through_the_mount_and_export_import() {
         let data = body(n, 10 + i as u8);
         std::fs::write(tm.path("flip.md"), &data).unwrap();
         assert!(same(&std::fs::read(tm.path("flip.md")).unwrap(), &data));
+        let mut through_held = vec![0u8; n + 10];
+        let got = std::os::unix::fs::FileExt::read_at(&held, &mut through_held, 0).unwrap();
+        assert!(
+            same(&through_held[..got], &data),
+            "size {n} through the held handle"
+        );
     }
     drop(held);
     want.insert("flip.md".into(), body(INLINE_MAX, 13));
