@@ -493,9 +493,25 @@ pub(crate) fn index_entries(
                 Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
                 Undo::Dirent { .. } | Undo::Orphan { .. } => true,
             };
-            (key, u.encode(), required)
+            (key, index_value(u), required)
         })
         .collect()
+}
+
+/// What history's key index keeps of an undo entry: the entry, with a small file's content
+/// left in the record (`schema::index_form`).
+pub(crate) fn index_value(u: &Undo) -> Vec<u8> {
+    match u {
+        Undo::Inode { ino, old: Some(b) } => match index_form(b) {
+            Some(cut) => Undo::Inode {
+                ino: *ino,
+                old: Some(cut),
+            }
+            .encode(),
+            None => u.encode(),
+        },
+        _ => u.encode(),
+    }
 }
 
 impl WriteTxn<'_> {
@@ -727,7 +743,7 @@ impl WriteTxn<'_> {
                 *b = redact_inline(b);
                 let k = u.key();
                 if keys.get((k.as_slice(), r.seq)).map_err(map_err)?.is_some() {
-                    let v = u.encode();
+                    let v = index_value(u);
                     keys.insert((k.as_slice(), r.seq), v.as_slice())
                         .map_err(map_err)?;
                     redo_put(
@@ -933,5 +949,47 @@ mod tests {
         let edited = r.last_seq().unwrap();
         assert_eq!(read(edited, "f0.md").as_deref(), Some("second"));
         assert_eq!(read(edited, "f1.md").as_deref(), Some("first 1"));
+    }
+
+    /// A small file's earlier versions live in the history records (the inode's before-image
+    /// carries its content); the key index keeps only their fields and checksums, so each
+    /// version is stored once. The past still reads every version whole.
+    #[test]
+    fn the_key_index_leaves_a_small_file_s_content_in_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let versions: Vec<String> = (0..5)
+            .map(|i| format!("version-{i}-").repeat(100))
+            .collect();
+        let mut points = Vec::new();
+        for v in &versions {
+            write(&fs, ROOT_INO, "f.md", v);
+            points.push(fs.store().read().unwrap().last_seq().unwrap());
+        }
+        let r = fs.store().read().unwrap();
+        let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+        let mut inode_entries = 0;
+        for item in keys.iter().unwrap() {
+            let (k, v) = item.unwrap();
+            if k.value().0[0] == 1 {
+                inode_entries += 1;
+                assert!(
+                    !v.value().windows(10).any(|w| w == b"-version-"),
+                    "an index entry holds content"
+                );
+            }
+        }
+        assert!(inode_entries >= 4, "{inode_entries}");
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        let ino = fs.lookup(ROOT_INO, b"f.md").unwrap().ino;
+        for (v, &seq) in versions.iter().zip(&points) {
+            let past = r.past(seq).unwrap();
+            let c = past.chunks(ino, 0, 1).unwrap();
+            assert_eq!(c, vec![Some(v.as_bytes().to_vec())], "@{seq}");
+            let part = past.inline_part_of(ino).unwrap().unwrap();
+            assert!(part.ends_with(v.as_bytes()));
+        }
     }
 }

@@ -57,6 +57,10 @@ impl TreeView for ReadTxn {
     }
 }
 
+/// An inode record as a point of history sees it: the history record whose before-image it
+/// is (None: the record now), and its bytes.
+type InodeImage = (Option<u64>, Vec<u8>);
+
 /// The tree as it was at history point `seq` (after record `seq` committed).
 pub struct Past<'r> {
     now: &'r ReadTxn,
@@ -77,8 +81,13 @@ impl Past<'_> {
         self.seq
     }
 
-    /// The before-image of `key` in the first record after this point that changed it.
+    /// The before-image of `key` in the first record after this point that changed it, as
+    /// history's key index keeps it, with that record's seq.
     fn changed_after(&self, key: &[u8]) -> Result<Option<Undo>, StoreError> {
+        Ok(self.changed_after_in(key)?.map(|(_, u)| u))
+    }
+
+    fn changed_after_in(&self, key: &[u8]) -> Result<Option<(u64, Undo)>, StoreError> {
         let t = self.now.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
         let Some(first) = self.seq.checked_add(1) else {
             return Ok(None);
@@ -88,9 +97,10 @@ impl Past<'_> {
             None => Ok(None),
             Some(item) => {
                 let (k, v) = item.map_err(map_err)?;
+                let seq = k.value().1;
                 Undo::decode(v.value())
-                    .map(Some)
-                    .ok_or_else(|| corrupt("history index entry", k.value().1))
+                    .map(|u| Some((seq, u)))
+                    .ok_or_else(|| corrupt("history index entry", seq))
             }
         }
     }
@@ -109,24 +119,52 @@ impl Past<'_> {
 }
 
 impl Past<'_> {
-    /// The encoded record of `ino` at this point (with its inline chunk, if any).
-    fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        match self.changed_after(&undo_key(1, &[ino], ""))? {
-            Some(Undo::Inode { old, .. }) => Ok(old),
+    /// The encoded record of `ino` at this point, its fields at least: an inline chunk's
+    /// content may be left in the history record (see `inode_record`).
+    fn inode_image(&self, ino: u64) -> Result<Option<InodeImage>, StoreError> {
+        match self.changed_after_in(&undo_key(1, &[ino], ""))? {
+            Some((seq, Undo::Inode { old, .. })) => Ok(old.map(|b| (Some(seq), b))),
             Some(_) => Err(corrupt("history index entry", ino)),
             None => {
                 let t = self.now.tx.open_table(INODES).map_err(map_err)?;
-                Ok(t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec()))
+                Ok(t.get(ino)
+                    .map_err(map_err)?
+                    .map(|v| (None, v.value().to_vec())))
             }
         }
+    }
+
+    /// The encoded record of `ino` at this point, whole (with its inline chunk, if any): read
+    /// from the history record the index entry names when the index left the content there.
+    fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some((seq, image)) = self.inode_image(ino)? else {
+            return Ok(None);
+        };
+        let Some(seq) = seq.filter(|_| content_in_record(&image)) else {
+            return Ok(Some(image));
+        };
+        let t = self.now.tx.open_table(HISTORY).map_err(map_err)?;
+        let record = t
+            .get(seq)
+            .map_err(map_err)?
+            .and_then(|v| HistoryRecord::decode(seq, v.value()))
+            .ok_or_else(|| corrupt("history record", seq))?;
+        record
+            .undo
+            .into_iter()
+            .find_map(|u| match u {
+                Undo::Inode { ino: i, old } if i == ino => Some(old),
+                _ => None,
+            })
+            .ok_or_else(|| corrupt("history record", seq))
     }
 }
 
 impl TreeView for Past<'_> {
     fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
-        match self.inode_record(ino)? {
+        match self.inode_image(ino)? {
             None => Ok(None),
-            Some(b) => Inode::decode(ino, &b)
+            Some((_, b)) => Inode::decode(ino, &b)
                 .map(Some)
                 .ok_or_else(|| corrupt("history record", ino)),
         }

@@ -52,7 +52,10 @@
 //!
 //! ```text
 //! history_keys  (&[u8] key, u64 seq) -> &[u8]  every key a record undoes -> that key's
-//!                                       before-image (one undo entry, as in the record).
+//!                                       before-image (one undo entry, as in the record;
+//!                                       an inode image whose inline chunk holds content
+//!                                       is kept without it, flagged: the record holds it,
+//!                                       see `index_form`).
 //!                                       Key: u8 table tag, then big-endian fields:
 //!                                       1 inode: ino | 2 dirent: parent, name bytes |
 //!                                       3 filemap: ino, chunk index | 4 orphan: ino.
@@ -166,7 +169,9 @@
 //! A version-2 record may end with the file's chunk 0, after the name:
 //!
 //! ```text
-//! u8       flags: 1 = redacted (the content was erased: it reads as empty)
+//! u8       flags: 1 = redacted (the content was erased: it reads as empty); 2 = the
+//!          content is in the history record this index entry indexes (`history_keys`
+//!          values only, see `index_form`)
 //! u32      CRC-32C of the content (little-endian)
 //! ...      the content, to the end of the record, at most INLINE_MAX bytes
 //! ```
@@ -475,6 +480,8 @@ pub enum InlineChunk<'a> {
 }
 
 const INLINE_REDACTED: u8 = 1;
+/// In history's key index only: the content is in the history record this entry indexes.
+const INLINE_IN_RECORD: u8 = 2;
 const INLINE_HEADER_LEN: usize = 5;
 
 /// The inline chunk of an encoded inode record; None for a record without one (or bytes that
@@ -485,11 +492,31 @@ pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
     let (sum, data) = rest.split_at_checked(4)?;
     Some(if flags & INLINE_REDACTED != 0 {
         InlineChunk::Redacted
-    } else if crc32c::crc32c(data).to_le_bytes() == sum {
+    } else if flags & INLINE_IN_RECORD == 0 && crc32c::crc32c(data).to_le_bytes() == sum {
         InlineChunk::Content(data)
     } else {
         InlineChunk::Damaged
     })
+}
+
+/// The form history's key index keeps of an inode before-image whose inline chunk holds
+/// content: its fields and checksum, flagged, without the content, which the record it
+/// indexes holds (so a small file's every earlier version is kept once, not twice). None for
+/// any other image, which the index keeps whole.
+pub fn index_form(record: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(record)?;
+    let part = &record[at..];
+    if part[0] != 0 || part.len() == INLINE_HEADER_LEN {
+        return None;
+    }
+    let mut out = record[..at + INLINE_HEADER_LEN].to_vec();
+    out[at] = INLINE_IN_RECORD;
+    Some(out)
+}
+
+/// Whether an index entry's inode image is `index_form`'s: its content is in the record.
+pub fn content_in_record(image: &[u8]) -> bool {
+    inline_part(image).is_some_and(|p| p[0] & INLINE_IN_RECORD != 0)
 }
 
 /// Whether an encoded inode record holds an inline chunk that does not match its checksum.
