@@ -197,8 +197,8 @@ impl WriteTxn<'_> {
         chunk_in(&inodes, &map, &blobs, ino, idx)
     }
 
-    /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
-    /// (or kept by history).
+    /// Stores `data` as chunk `idx` of `ino` (in its record or a new blob: see
+    /// `put_chunks`); the blob it replaces is released (or kept by history).
     pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
         self.put_chunks(ino, [(idx, data)])
     }
