@@ -663,9 +663,25 @@ pub(crate) fn index_entries(
                 Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
                 Undo::Dirent { .. } | Undo::Orphan { .. } => true,
             };
-            (key, u.encode(), required)
+            (key, index_value(u), required)
         })
         .collect()
+}
+
+/// What history's key index keeps of an undo entry: the entry, with a small file's content
+/// left in the record (`schema::index_form`).
+pub(crate) fn index_value(u: &Undo) -> Vec<u8> {
+    match u {
+        Undo::Inode { ino, old: Some(b) } => match index_form(b) {
+            Some(cut) => Undo::Inode {
+                ino: *ino,
+                old: Some(cut),
+            }
+            .encode(),
+            None => u.encode(),
+        },
+        _ => u.encode(),
+    }
 }
 
 impl WriteTxn<'_> {
@@ -755,14 +771,14 @@ impl WriteTxn<'_> {
         for u in undo.iter().rev() {
             match u {
                 Undo::Inode { ino, old } => {
-                    let old = match old {
-                        Some(b) => Some(
-                            Inode::decode(*ino, b)
-                                .ok_or_else(|| corrupt("history record", *ino))?,
-                        ),
-                        None => None,
-                    };
-                    self.set_inode(*ino, old.as_ref())?;
+                    // The record whole: its fields and the inline chunk it held.
+                    if let Some(b) = old
+                        && Inode::decode(*ino, b).is_none()
+                    {
+                        return Err(corrupt("history record", *ino));
+                    }
+                    let old = old.as_deref().map(super::write::InodeRecord::Encoded);
+                    self.set_inode_record(*ino, old)?;
                 }
                 Undo::Dirent { parent, name, old } => {
                     let old = match old {
@@ -853,6 +869,66 @@ impl WriteTxn<'_> {
             self.drop_record(r)?;
         }
         Ok(())
+    }
+
+    /// Erases, in every history record and in history's key index, the inode before-images
+    /// whose inline chunk is one of `parts` (encoded, as `TreeView::inline_part_of` gives
+    /// them), and marks those records redacted. Returns the parts found and erased. Reads
+    /// every record: redaction is rare, and a version's bytes may sit in any record that
+    /// changed that inode (a rollback's too), as a blob may be named by any.
+    pub fn redact_inline_everywhere(
+        &mut self,
+        parts: &std::collections::HashSet<Vec<u8>>,
+    ) -> Result<usize, StoreError> {
+        if parts.is_empty() {
+            return Ok(0);
+        }
+        let holds = |u: &Undo| match u {
+            Undo::Inode { old: Some(b), .. } => inline_part(b).is_some_and(|p| parts.contains(p)),
+            _ => false,
+        };
+        let mut hit = Vec::new();
+        {
+            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+            for item in t.iter().map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                let r = HistoryRecord::decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                if r.undo.iter().any(holds) {
+                    hit.push(r);
+                }
+            }
+        }
+        let mut erased = std::collections::HashSet::new();
+        for mut r in hit {
+            let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            for u in &mut r.undo {
+                if !holds(u) {
+                    continue;
+                }
+                let Undo::Inode { old: Some(b), .. } = u else {
+                    continue;
+                };
+                erased.insert(inline_part(b).map(<[u8]>::to_vec));
+                *b = redact_inline(b);
+                let k = u.key();
+                if keys.get((k.as_slice(), r.seq)).map_err(map_err)?.is_some() {
+                    let v = index_value(u);
+                    keys.insert((k.as_slice(), r.seq), v.as_slice())
+                        .map_err(map_err)?;
+                    redo_put(
+                        &self.redo,
+                        HISTORY_KEYS,
+                        &(k.as_slice(), r.seq),
+                        &v.as_slice(),
+                    );
+                }
+            }
+            drop(keys);
+            r.redacted = true;
+            self.put_record(&r)?;
+        }
+        Ok(erased.len())
     }
 
     /// Rewrites one history record (redaction).
@@ -1113,5 +1189,47 @@ mod tests {
         let edited = r.last_seq().unwrap();
         assert_eq!(read(edited, "f0.md").as_deref(), Some("second"));
         assert_eq!(read(edited, "f1.md").as_deref(), Some("first 1"));
+    }
+
+    /// A small file's earlier versions live in the history records (the inode's before-image
+    /// carries its content); the key index keeps only their fields and checksums, so each
+    /// version is stored once. The past still reads every version whole.
+    #[test]
+    fn the_key_index_leaves_a_small_file_s_content_in_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let versions: Vec<String> = (0..5)
+            .map(|i| format!("version-{i}-").repeat(100))
+            .collect();
+        let mut points = Vec::new();
+        for v in &versions {
+            write(&fs, ROOT_INO, "f.md", v);
+            points.push(fs.store().read().unwrap().last_seq().unwrap());
+        }
+        let r = fs.store().read().unwrap();
+        let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+        let mut inode_entries = 0;
+        for item in keys.iter().unwrap() {
+            let (k, v) = item.unwrap();
+            if k.value().0[0] == 1 {
+                inode_entries += 1;
+                assert!(
+                    !v.value().windows(10).any(|w| w == b"-version-"),
+                    "an index entry holds content"
+                );
+            }
+        }
+        assert!(inode_entries >= 4, "{inode_entries}");
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        let ino = fs.lookup(ROOT_INO, b"f.md").unwrap().ino;
+        for (v, &seq) in versions.iter().zip(&points) {
+            let past = r.past(seq).unwrap();
+            let c = past.chunks(ino, 0, 1).unwrap();
+            assert_eq!(c, vec![Some(v.as_bytes().to_vec())], "@{seq}");
+            let part = past.inline_part_of(ino).unwrap().unwrap();
+            assert!(part.ends_with(v.as_bytes()));
+        }
     }
 }
