@@ -43,7 +43,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::Database;
 
@@ -242,6 +242,9 @@ pub struct Store {
     /// Why `write` refuses although the file is writable (a follower's store, which only its
     /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
     frozen: Mutex<Option<String>>,
+    /// A follower's store as it stood before its last batch, kept until the next one (see
+    /// `Store::before_last_batch`).
+    before_batch: Mutex<Option<Arc<ReadTxn>>>,
     /// Operations the per-directory aggregates did (see `subtree`).
     subtree_work: AtomicU64,
 }

@@ -82,6 +82,7 @@ impl Store {
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
             frozen: Mutex::new(None),
+            before_batch: Mutex::new(None),
             subtree_work: AtomicU64::new(0),
         }
     }
