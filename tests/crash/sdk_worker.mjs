@@ -17,7 +17,7 @@ const sdkUrl = new URL('../clients/node_modules/@anthropic-ai/sdk/tools/memory/n
 const { BetaLocalFilesystemMemoryTool } = await import(sdkUrl.href);
 
 const FILL = 'abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ+/';
-const SLOW_MS = 2000;
+const SLOW_MS = 30000; // a hang detector, not a speed bound
 
 /** The content generator shared with worker.py and model.rs. */
 export function content(cid, size, rev = 0) {

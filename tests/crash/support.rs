@@ -559,7 +559,7 @@ pub fn replay(label: &str, lines: &[Value], model: &mut Model) -> Result<Replaye
             }
         } else if let Some(what) = v.get("slow") {
             r.problems.push(format!(
-                "{label}: a {} call took {} ms (the bound is 2000 ms)",
+                "{label}: a {} call took {} ms (a hang: the bound is 30,000 ms)",
                 what.as_str().unwrap_or("?"),
                 v["ms"]
             ));
