@@ -9,232 +9,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Rng, fuse_available, redbfs_bin, seed_or};
+use common::hosts::{Host, Moto, file_replica, memory_op as op, tree};
+use common::{Rng, fuse_available, seed_or};
 use serde_json::Value;
-
-type Tree = BTreeMap<String, Option<Vec<u8>>>;
-
-/// Files (with content) and directories under `root`.
-fn tree(root: &Path) -> Tree {
-    let mut out = Tree::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                out.insert(rel, None);
-                todo.push(p);
-            } else {
-                out.insert(rel, Some(std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out
-}
-
-/// One "host": a directory with a store, a mountpoint and a daemon log.
-struct Host {
-    dir: tempfile::TempDir,
-    mp: PathBuf,
-    store: PathBuf,
-    env: Vec<(String, String)>,
-    mounted: bool,
-}
-
-impl Host {
-    fn new(env: &[(String, String)]) -> Host {
-        let dir = tempfile::Builder::new()
-            .prefix("redbfs-follow-")
-            .tempdir()
-            .unwrap();
-        Host {
-            mp: dir.path().join("mnt"),
-            store: dir.path().join("mnt.redb"),
-            dir,
-            env: env.to_vec(),
-            mounted: false,
-        }
-    }
-
-    /// A host whose store ships to `url` (mounted).
-    fn writer(url: &str, env: &[(String, String)]) -> Host {
-        let mut h = Host::new(env);
-        h.mount(&["--replica", url, "--replica-interval", "100ms"]);
-        h
-    }
-
-    /// A host following `url` (mounted).
-    fn follower(url: &str, env: &[(String, String)]) -> Host {
-        let mut h = Host::new(env);
-        h.mount(&["--follow", url, "--follow-interval", "100ms"]);
-        h
-    }
-
-    fn try_mount(&self, options: &[&str]) -> Output {
-        let log = self.dir.path().join("daemon.log");
-        let mut args = vec![
-            "mount",
-            self.mp.to_str().unwrap(),
-            "--store",
-            self.store.to_str().unwrap(),
-            "--log-file",
-            log.to_str().unwrap(),
-        ];
-        args.extend(options);
-        self.run(&args)
-    }
-
-    fn mount(&mut self, options: &[&str]) {
-        let out = self.try_mount(options);
-        assert!(
-            out.status.success(),
-            "mount {options:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            self.log()
-        );
-        self.mounted = true;
-    }
-
-    fn unmount(&mut self) {
-        let out = self.run(&["unmount", self.mp.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "unmount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.mounted = false;
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(redbfs_bin())
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    fn status(&self) -> Value {
-        let out = self.run(&["status", self.mp.to_str().unwrap(), "--json"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// Waits (bounded) until this writer's replica holds its last commit; returns it.
-    fn shipped(&self) -> u64 {
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = self.status();
-            if s["replicas"][0]["commits_behind"] == 0 {
-                return s["replicas"][0]["shipped_commit"].as_u64().unwrap();
-            }
-            assert!(Instant::now() < until, "never shipped: {s}\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Waits (bounded) until this follower has applied commit `commit`.
-    fn reaches(&self, commit: u64) {
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let s = self.status();
-            if s["follower"]["follower_commit"].as_u64().unwrap() >= commit {
-                return;
-            }
-            assert!(
-                Instant::now() < until,
-                "the follower never reached commit {commit}: {s}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The daemon SIGKILLed, the mount detached; the store stays.
-    fn kill(&mut self) {
-        let pid = self.status()["pid"].as_u64().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
-        self.mounted = false;
-    }
-
-    /// `restore --from url [--at at]` on a fresh directory; the restored tree.
-    fn restore(&self, url: &str, at: Option<&str>) -> Tree {
-        let fresh = tempfile::tempdir().unwrap();
-        let store = fresh.path().join("restored.redb");
-        let mut args = vec!["restore", "--from", url, store.to_str().unwrap()];
-        if let Some(at) = at {
-            args.extend(["--at", at]);
-        }
-        let out = self.run(&args);
-        assert!(
-            out.status.success(),
-            "restore --from: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let export = fresh.path().join("export");
-        let out = self.run(&["export", store.to_str().unwrap(), export.to_str().unwrap()]);
-        assert!(out.status.success());
-        tree(&export)
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = self.run(&["unmount", self.mp.to_str().unwrap()]);
-        }
-    }
-}
-
-fn file_replica() -> (tempfile::TempDir, String) {
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    (rep, url)
-}
-
-/// One operation of an agent's memory tool on the writer; `i` picks it.
-fn op(mp: &Path, i: usize) {
-    let d = mp.join("memories");
-    let name = |k: usize| d.join(format!("note-{}.md", k % 7));
-    match i % 5 {
-        0 | 1 => std::fs::write(name(i), format!("note {i}\n").repeat(i % 13 + 1)).unwrap(),
-        2 => {
-            let tmp = d.join(format!(".tmp-{i}"));
-            std::fs::write(&tmp, format!("replaced at {i}\n")).unwrap();
-            std::fs::rename(&tmp, name(i + 3)).unwrap();
-        }
-        3 => {
-            let _ = std::fs::remove_file(name(i + 1));
-        }
-        _ => std::fs::create_dir_all(d.join(format!("topic-{}", i % 4))).unwrap(),
-    }
-}
 
 const ME: redbfs::fs::Caller = redbfs::fs::Caller {
     uid: 1000,
@@ -344,7 +128,7 @@ fn a_follower_keeps_current_and_follows_a_new_generation() {
         return;
     }
     let (_rep, url) = file_replica();
-    let mut w = Host::writer(&url, &[]);
+    let mut w = Host::writer(&url, "100ms", &[]);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     op(&w.mp, 0);
     w.shipped();
@@ -414,7 +198,7 @@ fn a_follower_is_promoted_live() {
         return;
     }
     let (_rep, url) = file_replica();
-    let mut w = Host::writer(&url, &[]);
+    let mut w = Host::writer(&url, "100ms", &[]);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     for i in 0..5 {
         op(&w.mp, i);
@@ -489,7 +273,7 @@ fn a_restarted_follower_resumes_from_its_store() {
         return;
     }
     let (_rep, url) = file_replica();
-    let mut w = Host::writer(&url, &[]);
+    let mut w = Host::writer(&url, "100ms", &[]);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     for i in 0..4 {
         op(&w.mp, i);
@@ -656,7 +440,7 @@ fn readers_on_a_follower_see_every_replace_whole() {
     assert_eq!((on_ext4.missing, on_ext4.torn), (0, 0), "ext4: {on_ext4:?}");
 
     let (_rep, url) = file_replica();
-    let w = Host::writer(&url, &[]);
+    let w = Host::writer(&url, "100ms", &[]);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     w.shipped();
     let f = Host::follower(&url, &[]);
@@ -684,7 +468,7 @@ fn write_refused(path: &Path) -> bool {
 /// commits, then its own; a restore holds the promoted writer's tree, none of what the
 /// fenced one wrote after; and the fenced writer, remounted, is refused.
 fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
-    let mut w = Host::writer(url, env);
+    let mut w = Host::writer(url, "100ms", env);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     for i in 0..6 {
         op(&w.mp, i);
@@ -800,7 +584,7 @@ fn a_killed_writer_is_taken_over_at_random_points() {
     for seed in first..first + seeds {
         let mut rng = Rng::new(seed);
         let (_rep, url) = file_replica();
-        let mut w = Host::writer(&url, &[]);
+        let mut w = Host::writer(&url, "100ms", &[]);
         std::fs::create_dir(w.mp.join("memories")).unwrap();
         w.shipped();
         let mut f = Host::follower(&url, &[]);
@@ -983,7 +767,7 @@ fn sdk_agents_write_on_the_writer_and_read_on_a_follower() {
         return;
     }
     let (_rep, url) = file_replica();
-    let w = Host::writer(&url, &[]);
+    let w = Host::writer(&url, "100ms", &[]);
     std::fs::create_dir(w.mp.join("memories")).unwrap();
     w.shipped();
     let f = Host::follower(&url, &[]);
@@ -1017,79 +801,13 @@ fn sdk_agents_write_on_the_writer_and_read_on_a_follower() {
     }
 }
 
-/// moto's S3 server on a free port, with one bucket.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Moto {
-    fn start(bucket: &str) -> Moto {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
-        assert!(
-            bin.exists(),
-            "{} is missing: run tests/clients/setup.sh (it installs the pinned moto server)",
-            bin.display()
-        );
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(
-            s,
-            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        Moto { child, port }
-    }
-
-    fn env(&self) -> Vec<(String, String)> {
-        [
-            (
-                "AWS_ENDPOINT_URL",
-                format!("http://127.0.0.1:{}", self.port),
-            ),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_DEFAULT_REGION", "us-east-1".into()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The same on S3: the epoch objects are created with S3's conditional put.
 #[test]
 fn one_writer_per_s3_url_and_a_takeover_fences_the_old_one() {
     if !fuse_available() {
         return;
     }
-    let moto = Moto::start("shared");
+    let moto = Moto::with_bucket("shared");
     one_writer_and_a_takeover("s3://shared/memory", &moto.env());
 }
 
@@ -1112,7 +830,7 @@ fn follower_lag() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let moto = Moto::start("lag");
+    let moto = Moto::with_bucket("lag");
     let (_rep, file_url) = file_replica();
     for (label, url, env) in [
         ("file://", file_url.clone(), Vec::new()),

@@ -12,234 +12,26 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{fuse_available, redbfs_bin};
+use common::fuse_available;
+use common::hosts::{Host, Moto, Tree, file_replica, free_port, memory_op as op, s3_env, tree};
 
-type Tree = BTreeMap<String, Option<Vec<u8>>>;
 /// The trees after each operation, with the commit each is at.
 type States = Vec<(u64, Tree)>;
 
-/// Files (with content) and directories under `root`.
-fn tree(root: &Path) -> Tree {
-    let mut out = Tree::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            if p.is_dir() {
-                out.insert(rel, None);
-                todo.push(p);
-            } else {
-                out.insert(rel, Some(std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out
-}
-
-/// A `file://` replica in a new temporary directory (removed with the guard), and its URL.
-fn file_replica() -> (tempfile::TempDir, String) {
-    let rep = tempfile::tempdir().unwrap();
-    let url = format!("file://{}/replica", rep.path().display());
-    (rep, url)
-}
-
-/// A mount with replicas, driven through the binary with `env` set.
-struct Mounted {
-    dir: tempfile::TempDir,
-    mp: PathBuf,
-    store: PathBuf,
-    env: Vec<(String, String)>,
-    mounted: bool,
-}
-
-impl Mounted {
-    fn new(url: &str, env: &[(String, String)]) -> Mounted {
-        Mounted::with(&["--replica", url, "--replica-interval", "200ms"], env)
-    }
-
-    /// A fresh store mounted with these replica options.
-    fn with(options: &[&str], env: &[(String, String)]) -> Mounted {
-        let dir = tempfile::Builder::new()
-            .prefix("redbfs-replica-")
-            .tempdir()
-            .unwrap();
-        let mp = dir.path().join("mnt");
-        let store = dir.path().join("mnt.redb");
-        let mut m = Mounted {
-            mp,
-            store,
-            dir,
-            env: env.to_vec(),
-            mounted: false,
-        };
-        m.mount(options);
-        m
-    }
-
-    /// Mounts the store again (it keeps its replica settings unless `options` change them).
-    fn mount(&mut self, options: &[&str]) {
-        let log = self.dir.path().join("daemon.log");
-        let mut args = vec![
-            "mount",
-            self.mp.to_str().unwrap(),
-            "--store",
-            self.store.to_str().unwrap(),
-            "--log-file",
-            log.to_str().unwrap(),
-        ];
-        args.extend(options);
-        let out = self.run(&args);
-        assert!(out.status.success(), "mount: {}", self.log());
-        self.mounted = true;
-    }
-
-    /// A clean unmount.
-    fn unmount(&mut self) {
-        let out = self.run(&["unmount", self.mp.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "unmount: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        self.mounted = false;
-    }
-
-    fn run(&self, args: &[&str]) -> std::process::Output {
-        Command::new(redbfs_bin())
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .unwrap()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let out = self.run(&["status", self.mp.to_str().unwrap(), "--json"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// Waits (bounded) until every replica holds the last commit; returns that commit.
-    fn caught_up(&self) -> u64 {
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            let s = self.status();
-            let r = &s["replicas"];
-            let all = r.as_array().unwrap();
-            if !all.is_empty() && all.iter().all(|x| x["commits_behind"] == 0) {
-                return s["commits"].as_u64().unwrap();
-            }
-            assert!(
-                Instant::now() < until,
-                "the replica never caught up: {s}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// The daemon SIGKILLed (the store and its log stay), the mount detached.
-    fn kill(&mut self) {
-        let pid = self.status()["pid"].as_u64().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = Command::new("umount").arg("-l").arg(&self.mp).status();
-        self.mounted = false;
-    }
-
-    /// The machine is lost: the daemon killed, the store and its log deleted.
-    fn lose(&mut self) {
-        self.kill();
-        for p in [
-            self.store.clone(),
-            PathBuf::from(format!("{}.wal", self.store.display())),
-        ] {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-
-    /// `restore --from url [--at at]` into a fresh directory; the restored tree.
-    fn restore(&self, url: &str, at: Option<&str>) -> Tree {
-        let fresh = tempfile::tempdir().unwrap();
-        let store = fresh.path().join("new-host").join("memory.redb");
-        let mut args = vec!["restore", "--from", url, store.to_str().unwrap()];
-        if let Some(at) = at {
-            args.extend(["--at", at]);
-        }
-        let out = self.run(&args);
-        assert!(
-            out.status.success(),
-            "restore --from: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let export = fresh.path().join("export");
-        let out = self.run(&["export", store.to_str().unwrap(), export.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        tree(&export)
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = self.run(&["unmount", self.mp.to_str().unwrap()]);
-        }
-    }
-}
-
 /// A replicated mount holding the memory tool's `memories` directory, and the state it starts
 /// in.
-fn started(url: &str) -> (Mounted, States) {
-    let m = Mounted::new(url, &[]);
+fn started(url: &str) -> (Host, States) {
+    let m = Host::writer(url, "200ms", &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     let states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
     (m, states)
-}
-
-/// One operation of a session (the kinds an agent's memory tool does), `i` picks it.
-fn op(mp: &Path, i: usize) {
-    let d = mp.join("memories");
-    let name = |k: usize| d.join(format!("note-{}.md", k % 7));
-    match i % 5 {
-        0 | 1 => std::fs::write(name(i), format!("note {i}\n").repeat(i % 13 + 1)).unwrap(),
-        2 => {
-            let tmp = d.join(format!(".tmp-{i}"));
-            std::fs::write(&tmp, format!("replaced at {i}\n")).unwrap();
-            std::fs::rename(&tmp, name(i + 3)).unwrap();
-        }
-        3 => {
-            let _ = std::fs::remove_file(name(i + 1));
-        }
-        _ => std::fs::create_dir_all(d.join(format!("topic-{}", i % 4))).unwrap(),
-    }
 }
 
 /// Whether `r` is a state inside one operation from `a` to `b` (an operation may be more than
@@ -257,7 +49,7 @@ fn between(a: &Tree, b: &Tree, r: &Tree) -> bool {
 }
 
 /// Runs `n` operations from `from`; after each, the tree and the commit number it is at.
-fn session(m: &Mounted, from: usize, n: usize, states: &mut States) {
+fn session(m: &Host, from: usize, n: usize, states: &mut States) {
     for i in from..from + n {
         op(&m.mp, i);
         let commits = m.status()["commits"].as_u64().unwrap();
@@ -267,8 +59,8 @@ fn session(m: &Mounted, from: usize, n: usize, states: &mut States) {
 
 /// The whole flow against `url`: a session, the replica caught up, more operations, the
 /// machine lost, restores (latest and at a commit). `outage` runs between the two halves.
-fn lose_and_restore(url: &str, env: &[(String, String)], outage: &dyn Fn(&Mounted, &mut States)) {
-    let mut m = Mounted::new(url, env);
+fn lose_and_restore(url: &str, env: &[(String, String)], outage: &dyn Fn(&Host, &mut States)) {
+    let mut m = Host::writer(url, "200ms", env);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     let mut states = vec![(m.status()["commits"].as_u64().unwrap(), tree(&m.mp))];
     session(&m, 0, 25, &mut states);
@@ -324,7 +116,7 @@ fn both_sdks_sessions_on_a_replicated_mount_restore_byte_for_byte() {
         "the pinned SDKs are not installed: run tests/clients/setup.sh first"
     );
     let (_rep, url) = file_replica();
-    let mut m = Mounted::new(&url, &[]);
+    let mut m = Host::writer(&url, "200ms", &[]);
     for (base, program, script) in [
         ("node", PathBuf::from("node"), "run_session.mjs"),
         ("python", python.clone(), "run_session.py"),
@@ -374,7 +166,7 @@ fn a_daemon_killed_mid_upload_leaves_a_restorable_replica() {
         return;
     }
     let (_rep, url) = file_replica();
-    let mut m = Mounted::new(&url, &[]);
+    let mut m = Host::writer(&url, "200ms", &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     let mut states = vec![(0, tree(&m.mp))];
     session(&m, 0, 5, &mut states);
@@ -409,7 +201,7 @@ fn a_daemon_killed_mid_upload_leaves_a_restorable_replica() {
 }
 
 /// The generations `replica ls` lists for `url`.
-fn generations(m: &Mounted, url: &str) -> Vec<serde_json::Value> {
+fn generations(m: &Host, url: &str) -> Vec<serde_json::Value> {
     let ls = m.run(&["replica", "ls", url, "--json"]);
     assert!(
         ls.status.success(),
@@ -547,12 +339,12 @@ fn another_store_on_the_url_makes_the_next_mount_start_a_new_generation() {
         return;
     }
     let (_rep, url) = file_replica();
-    let mut a = Mounted::new(&url, &[]);
+    let mut a = Host::writer(&url, "200ms", &[]);
     std::fs::create_dir(a.mp.join("memories")).unwrap();
     let mut states = Vec::new();
     session(&a, 0, 5, &mut states);
     a.unmount();
-    let mut b = Mounted::new(&url, &[]);
+    let mut b = Host::writer(&url, "200ms", &[]);
     std::fs::create_dir(b.mp.join("memories")).unwrap();
     std::fs::write(b.mp.join("memories/other.md"), "another store\n").unwrap();
     b.unmount();
@@ -571,7 +363,7 @@ fn a_large_file_ships_without_a_new_generation() {
         return;
     }
     let (_rep, url) = file_replica();
-    let m = Mounted::new(&url, &[]);
+    let m = Host::writer(&url, "200ms", &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     m.caught_up();
     let before = m.status()["replicas"][0].clone();
@@ -605,7 +397,7 @@ fn old_generations_are_pruned_on_schedule() {
         "--replica-keep",
         "3s",
     ];
-    let mut m = Mounted::with(&options, &[]);
+    let mut m = Host::mounted(&options, &[]);
     std::fs::create_dir(m.mp.join("memories")).unwrap();
     m.caught_up();
     let mut states = Vec::new();
@@ -643,65 +435,6 @@ fn old_generations_are_pruned_on_schedule() {
 }
 
 // ---- S3, through moto ----
-
-/// The moto server from tests/replica/.venv on a free port; killed on drop.
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Moto {
-    fn start() -> Moto {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
-        assert!(
-            bin.exists(),
-            "{} is missing: run tests/clients/setup.sh (it installs the pinned moto server)",
-            bin.display()
-        );
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Moto { child, port }
-    }
-
-    /// Creates a bucket (moto does not check signatures).
-    fn bucket(&self, name: &str) {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            self.port
-        )
-        .unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A TCP proxy in front of the server that the test can take down (connections refused,
 /// open ones cut) and bring back on the same port.
@@ -767,19 +500,6 @@ fn pump(client: TcpStream, to: u16, conns: &Mutex<Vec<TcpStream>>) {
     }
 }
 
-fn s3_env(port: u16) -> Vec<(String, String)> {
-    [
-        ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
-        ("AWS_ACCESS_KEY_ID", "test".into()),
-        ("AWS_SECRET_ACCESS_KEY", "test".into()),
-        ("AWS_DEFAULT_REGION", "us-east-1".into()),
-        ("AWS_ALLOW_HTTP", "true".into()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
-}
-
 /// The same flow against S3, with the server out of reach for a while in the middle: the
 /// mount keeps serving, `status` shows the lag and the error, one warning is logged for the
 /// outage, and the replica catches up and restores completely once the server is back.
@@ -792,7 +512,7 @@ fn an_s3_replica_rides_out_an_outage_and_restores_a_lost_machine() {
     moto.bucket("memory");
     let proxy = Proxy::start(moto.port);
     let env = s3_env(proxy.port);
-    let outage = |m: &Mounted, states: &mut States| {
+    let outage = |m: &Host, states: &mut States| {
         m.caught_up();
         proxy.set_up(false);
         session(m, 50, 10, states);

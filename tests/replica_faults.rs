@@ -14,11 +14,12 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use common::hosts::Moto;
 use common::{fuse_available, redbfs_bin};
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -27,6 +28,18 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
         .envs(env.iter().copied())
         .output()
         .unwrap()
+}
+
+/// `redbfs mount MP --store STORE EXTRA...` with `env` set.
+fn mount(mp: &Path, store: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "mount",
+        mp.to_str().unwrap(),
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    run(&args, env)
 }
 
 fn err_of(o: &Output) -> String {
@@ -48,17 +61,10 @@ fn ship_session(dir: &Path, replica: &Path, n: usize) -> (u64, Vec<(String, Stri
     let mp = dir.join("mnt");
     let store = dir.join("mnt.redb");
     let url = format!("file://{}", replica.display());
-    let out = run(
-        &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-            "--replica",
-            &url,
-            "--replica-interval",
-            "100ms",
-        ],
+    let out = mount(
+        &mp,
+        &store,
+        &["--replica", &url, "--replica-interval", "100ms"],
         &[],
     );
     assert!(out.status.success(), "{}", err_of(&out));
@@ -338,15 +344,7 @@ fn a_fifo_in_a_live_replica_never_hangs_the_mount() {
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
-    let out = run(
-        &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let out = mount(&mp, &store, &[], &[]);
     assert!(out.status.success(), "{}", err_of(&out));
     std::fs::write(mp.join("after.md"), "after the fifo\n").unwrap();
     let out = run(&["unmount", mp.to_str().unwrap()], &[]);
@@ -573,12 +571,10 @@ fn a_replica_deleted_under_a_mount_starts_a_new_generation() {
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
     let log = dir.path().join("log");
-    let out = run(
+    let out = mount(
+        &mp,
+        &store,
         &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
             "--log-file",
             log.to_str().unwrap(),
             "--replica",
@@ -655,17 +651,7 @@ fn secrets_in_urls_are_refused_and_never_shown() {
         "s3://AKIDEXAMPLE:Secret123@bucket/p",
         "s3://bucket/p?token=Secret123",
     ] {
-        let out = run(
-            &[
-                "mount",
-                mp.to_str().unwrap(),
-                "--store",
-                store.to_str().unwrap(),
-                "--replica",
-                url,
-            ],
-            &[],
-        );
+        let out = mount(&mp, &store, &["--replica", url], &[]);
         let said = err_of(&out);
         assert!(!out.status.success());
         assert!(!said.contains("Secret123"), "{said}");
@@ -711,17 +697,7 @@ fn a_replica_inside_the_mountpoint_is_refused() {
         format!("file://{}", mp.display()),
         format!("file://{}/x", link.display()),
     ] {
-        let out = run(
-            &[
-                "mount",
-                mp.to_str().unwrap(),
-                "--store",
-                store.to_str().unwrap(),
-                "--replica",
-                &url,
-            ],
-            &[],
-        );
+        let out = mount(&mp, &store, &["--replica", &url], &[]);
         assert!(!out.status.success(), "mounted with {url}");
         assert!(
             err_of(&out).contains("inside the mountpoint"),
@@ -838,55 +814,6 @@ fn rechecksum(bytes: &[u8], id: u64) -> Vec<u8> {
 
 // ---- S3: a server that answers 500 or stalls ----
 
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Moto {
-    fn start() -> Moto {
-        let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replica/.venv/bin/moto_server");
-        assert!(
-            bin.exists(),
-            "{} is missing: run tests/clients/setup.sh",
-            bin.display()
-        );
-        let port = free_port();
-        let child = Command::new(bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let until = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < until, "moto_server did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(s, "PUT /memory HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").unwrap();
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-        Moto { child, port }
-    }
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 const PASS: u8 = 0;
 const FAIL_500: u8 = 1;
 const STALL: u8 = 2;
@@ -962,7 +889,7 @@ fn an_s3_replica_through_errors_and_stalls() {
     if !fuse_available() {
         return;
     }
-    let moto = Moto::start();
+    let moto = Moto::with_bucket("memory");
     let proxy = FaultProxy::start(moto.port);
     let endpoint = format!("http://127.0.0.1:{}", proxy.port);
     let env = [
@@ -978,12 +905,10 @@ fn an_s3_replica_through_errors_and_stalls() {
     let mp = dir.path().join("mnt");
     let store = dir.path().join("mnt.redb");
     let log = dir.path().join("log");
-    let out = run(
+    let out = mount(
+        &mp,
+        &store,
         &[
-            "mount",
-            mp.to_str().unwrap(),
-            "--store",
-            store.to_str().unwrap(),
             "--log-file",
             log.to_str().unwrap(),
             "--replica",
