@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::fs::{Limits, Name, NameRules};
-use crate::store::{CHUNK_SIZE, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord};
+use crate::store::{CHUNK_SIZE, INLINE_MAX, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord};
 
 /// Every broken invariant found, one line each; empty when the store is clean.
 pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
@@ -244,6 +244,39 @@ fn chunks(
         }
         *chunk_bytes.entry(ino).or_default() += len;
     }
+    let in_blobs: HashSet<u64> = r
+        .all_filemap()?
+        .into_iter()
+        .filter(|&(_, idx, _)| idx == 0)
+        .map(|(ino, _, _)| ino)
+        .collect();
+    for (ino, len) in r.all_inline()? {
+        match inodes.get(&ino) {
+            None => {}
+            Some(i) if i.kind != Kind::File => {
+                findings.push(format!("directory {ino} holds content in its record"));
+            }
+            Some(i) => {
+                let len = len.unwrap_or(0);
+                if len > i.size {
+                    findings.push(format!(
+                        "chunk 0 of inode {ino}, held in its record, lies beyond its size {}",
+                        i.size
+                    ));
+                }
+                if len > INLINE_MAX as u64 {
+                    findings.push(format!(
+                        "chunk 0 of inode {ino}, held in its record, is {len} bytes, over {INLINE_MAX}"
+                    ));
+                }
+            }
+        }
+        if in_blobs.contains(&ino) {
+            findings.push(format!(
+                "chunk 0 of inode {ino} is held both in its record and in a blob"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -302,6 +335,30 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
 
 /// Chunks whose content does not match its checksum, by path where a file holds them.
 fn damaged_chunks(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreError> {
+    for (ino, len) in r.all_inline()? {
+        if len.is_none() {
+            let path = crate::fs::path_of_inode(r, ino);
+            findings.push(format!(
+                "{path}: chunk 0 (held in its inode record) does not match its checksum"
+            ));
+        }
+    }
+    let mut damaged_images = HashSet::new();
+    r.for_each_record(|rec| {
+        for u in &rec.undo {
+            if let crate::store::Undo::Inode { ino, old: Some(b) } = u
+                && crate::store::inline_is_damaged(b)
+            {
+                damaged_images.insert(*ino);
+            }
+        }
+        Ok(())
+    })?;
+    for ino in damaged_images {
+        findings.push(format!(
+            "an earlier version of inode {ino} kept by the history does not match its checksum"
+        ));
+    }
     let damaged: HashSet<u64> = r.damaged_blobs()?.into_iter().collect();
     if !damaged.is_empty() {
         let mut named = HashSet::new();

@@ -10,8 +10,15 @@
 //! `quotas`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
+//! One request is answered by several lines: `{"op":"log","stream":true, ...}` (the fields of
+//! `tools::LogQuery`) streams the log as pages, one line each, carrying `"streamed":true`; the
+//! last has `"cursor":null`. The first page is small, so its line leaves at once.
+//!
 //! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
-//! lines of at most `MAX_LINE` bytes in UTF-8, and `IDLE` seconds without a request.
+//! lines of at most `MAX_LINE` bytes in UTF-8, and `IDLE` seconds without a request or
+//! without taking an answer. No read transaction outlives the page it reads: it ends before
+//! the page is written, so a client that stops reading pins no version of the store, and is
+//! dropped after `IDLE`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -286,6 +293,39 @@ impl Daemon {
         }
     }
 
+    /// Streams `log` as pages (see the module comment), each read in its own read
+    /// transaction, ended before the page is written. Err when the client went away or
+    /// stopped reading for `IDLE`.
+    fn stream_log(&self, req: &Value, out: &mut UnixStream) -> std::io::Result<()> {
+        let q = match serde_json::from_value::<tools::LogQuery>(req.clone()) {
+            Ok(q) => q,
+            Err(e) => return send(out, &json!({"ok": false, "error": format!("log: {e}")})),
+        };
+        let mut gone = Ok(());
+        let read = |q: &tools::LogQuery| {
+            let fs = self.fs()?;
+            let r = fs.store().read().map_err(|e| e.to_string())?;
+            tools::log_page(&r, q)
+        };
+        let streamed = tools::log_pages(&q, read, |page, last| {
+            let line = StreamedPage {
+                ok: true,
+                streamed: true,
+                records: &page.records,
+                cursor: if last { None } else { page.cursor.as_ref() },
+                since_ns: page.since_ns,
+                last_seq: page.last_seq,
+            };
+            gone = send(out, &line);
+            Ok(gone.is_ok())
+        });
+        gone?;
+        match streamed {
+            Ok(()) => Ok(()),
+            Err(e) => send(out, &json!({"ok": false, "error": e})),
+        }
+    }
+
     /// Serves one connection: a request per line, no longer than `MAX_LINE`; a connection
     /// idle for `IDLE` (or a client that stops reading its answers) is closed.
     fn serve_conn(&self, stream: UnixStream) {
@@ -314,19 +354,21 @@ impl Daemon {
                 let _ = writeln!(out, "{e}");
                 return;
             }
-            let resp = match std::str::from_utf8(&line)
+            let req = std::str::from_utf8(&line)
                 .map_err(|e| format!("request is not UTF-8: {e}"))
                 .and_then(|text| {
                     serde_json::from_str::<Value>(text)
                         .map_err(|e| format!("request is not JSON: {e}"))
-                }) {
-                Ok(req) => self.handle(&req),
+                });
+            let sent = match req {
+                Ok(req) if is_log_stream(&req) => self.stream_log(&req, &mut out),
+                Ok(req) => send(&mut out, &self.handle(&req)),
                 Err(e) => {
                     crate::warn_limited!(error = %e, "control: bad request");
-                    json!({"ok": false, "error": e})
+                    send(&mut out, &json!({"ok": false, "error": e}))
                 }
             };
-            if writeln!(out, "{resp}").is_err() || !complete {
+            if sent.is_err() || !complete {
                 return;
             }
         }
@@ -337,8 +379,31 @@ impl Daemon {
 pub const MAX_LINE: usize = 1024 * 1024;
 /// Control connections served at once; one more is answered with an error and closed.
 pub const MAX_CONNECTIONS: usize = 16;
-/// A connection that sends no request for this long is closed.
+/// A connection that sends no request for this long, or takes no answer for this long, is
+/// closed.
 pub const IDLE: Duration = Duration::from_secs(30);
+/// One page of a streamed `log`, as it goes on the socket.
+#[derive(serde::Serialize)]
+struct StreamedPage<'a> {
+    ok: bool,
+    streamed: bool,
+    records: &'a [crate::store::HistoryRecord],
+    cursor: Option<&'a crate::store::LogCursor>,
+    since_ns: Option<i64>,
+    last_seq: u64,
+}
+
+fn is_log_stream(req: &Value) -> bool {
+    req.get("op").and_then(Value::as_str) == Some("log")
+        && req.get("stream").and_then(Value::as_bool) == Some(true)
+}
+
+/// Writes one answer line in one write: a JSON value is never sent a token at a time.
+fn send(out: &mut UnixStream, answer: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(answer).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)
+}
 
 fn reply(answer: Result<Value, String>) -> Value {
     match answer {
@@ -417,6 +482,7 @@ pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    store: PathBuf,
 }
 
 impl Client {
@@ -426,28 +492,132 @@ impl Client {
         Ok(Client {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
+            store: store.to_path_buf(),
         })
     }
 
     /// Sends one request and returns the response, or the daemon's error message.
     pub fn call(&mut self, req: &Value) -> Result<Value, String> {
-        writeln!(self.writer, "{req}").map_err(|e| format!("control socket: {e}"))?;
-        let mut line = String::new();
-        self.reader
-            .read_line(&mut line)
-            .map_err(|e| format!("control socket: {e}"))?;
-        if line.is_empty() {
-            return Err("the daemon closed the control socket".into());
-        }
-        let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad response: {e}"))?;
+        self.send(req)?;
+        let line = self.answer_line()?;
+        let v: Value = serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
         if v.get("ok").and_then(Value::as_bool) == Some(true) {
             Ok(v)
         } else {
-            Err(v
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("the daemon refused the request")
-                .to_string())
+            Err(refusal(v.get("error").and_then(Value::as_str)))
         }
     }
+
+    /// `log`: hands `on_page` each page, newest records first, until the log ends, `q`'s
+    /// limit is reached or `on_page` returns false. Pages stream on one request; a daemon
+    /// that answers one page at a time is asked for each next page. The daemon drops a
+    /// client that takes no answer for `IDLE` (`redbfs log | less`, left open): the log then
+    /// goes on from the last page it received, on a new connection.
+    pub fn log(
+        &mut self,
+        q: &tools::LogQuery,
+        on_page: &mut dyn FnMut(&tools::LogPage) -> Result<bool, String>,
+    ) -> Result<(), String> {
+        // What is left to read: from the last page's cursor, with the records still wanted.
+        let mut rest = q.clone();
+        self.send(&log_request(&rest, true)?)?;
+        let mut resumed = false;
+        loop {
+            let line = match self.answer_line() {
+                Ok(line) => line,
+                Err(_) if !resumed && rest.cursor.is_some() => {
+                    *self =
+                        Client::connect(&self.store).map_err(|e| format!("control socket: {e}"))?;
+                    self.send(&log_request(&rest, true)?)?;
+                    resumed = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let a: LogAnswer =
+                serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
+            if !a.ok {
+                return Err(refusal(a.error.as_deref()));
+            }
+            let page = tools::LogPage {
+                records: a.records,
+                cursor: a.cursor,
+                since_ns: a.since_ns,
+                last_seq: a.last_seq,
+            };
+            resumed = false;
+            let left = rest
+                .limit
+                .map(|l| l.saturating_sub(page.records.len() as u64));
+            if !on_page(&page)? || page.cursor.is_none() || left == Some(0) {
+                return Ok(());
+            }
+            rest = tools::LogQuery {
+                limit: left,
+                ..rest.after(&page, 0)
+            };
+            if !a.streamed {
+                let page_size = left.unwrap_or(u64::MAX).min(tools::LOG_PAGE_MAX);
+                let next = tools::LogQuery {
+                    limit: Some(page_size),
+                    ..rest.clone()
+                };
+                self.send(&log_request(&next, false)?)?;
+            }
+        }
+    }
+
+    fn send(&mut self, req: &Value) -> Result<(), String> {
+        let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        self.writer
+            .write_all(&line)
+            .map_err(|e| format!("control socket: {e}"))
+    }
+
+    /// The next answer line (without its newline).
+    fn answer_line(&mut self) -> Result<Vec<u8>, String> {
+        let mut line = Vec::new();
+        self.reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("control socket: {e}"))?;
+        if line.pop() != Some(b'\n') {
+            return Err("the daemon closed the control socket".into());
+        }
+        Ok(line)
+    }
+}
+
+/// A `log` request for what `q` asks, streamed or one page.
+fn log_request(q: &tools::LogQuery, stream: bool) -> Result<Value, String> {
+    let mut req = serde_json::to_value(q).map_err(|e| e.to_string())?;
+    req["op"] = json!("log");
+    if stream {
+        req["stream"] = json!(true);
+    }
+    Ok(req)
+}
+
+/// An answer to `log`, as the client reads it: a page, or a refusal.
+#[derive(serde::Deserialize)]
+struct LogAnswer {
+    ok: bool,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    streamed: bool,
+    #[serde(default)]
+    records: Vec<crate::store::HistoryRecord>,
+    #[serde(default)]
+    cursor: Option<crate::store::LogCursor>,
+    #[serde(default)]
+    since_ns: Option<i64>,
+    #[serde(default)]
+    last_seq: u64,
+}
+
+fn refusal(error: Option<&str>) -> String {
+    error
+        .unwrap_or("the daemon refused the request")
+        .to_string()
 }

@@ -909,3 +909,68 @@ fn an_imported_store_of_small_files_stays_within_twice_its_content() {
         "memory 7 42 ".repeat(70)
     );
 }
+
+/// `snapshot` and `restore` check what they write with fewer passes than they did (one
+/// opening of a restored copy, history's indexes merged rather than looked up entry by
+/// entry): a store with a damaged chunk (one bit flipped in a file's stored content) is still
+/// refused by both, and neither leaves a copy under the target name or a temporary file.
+#[test]
+fn snapshot_and_restore_refuse_a_store_with_a_damaged_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    let pattern: Vec<u8> = b"damaged-chunk-pattern-"
+        .iter()
+        .cycle()
+        .take(20_000)
+        .copied()
+        .collect();
+    {
+        let st = Store::open_or_create(&store, (0, 0)).unwrap();
+        let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
+        let me = redbfs::fs::Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let (_, fh) = fs
+            .create(me, ROOT_INO, b"notes.md", 0o600, 0, libc::O_WRONLY)
+            .unwrap();
+        fs.write(me, fh, 0, &pattern).unwrap();
+        fs.release(fh).unwrap();
+    }
+    let good = dir.path().join("good.redb");
+    ok(redbfs(&["snapshot", s(&store), s(&good)]));
+    // One bit flipped in the middle of every copy of the content, in the store and in its
+    // snapshot.
+    for f in [&store, &good] {
+        let mut bytes = std::fs::read(f).unwrap();
+        let mut flipped = 0;
+        while let Some(at) = bytes
+            .windows(pattern.len())
+            .position(|w| w == pattern.as_slice())
+        {
+            bytes[at + 10_000] ^= 0x04;
+            flipped += 1;
+        }
+        assert!(flipped > 0, "the content is in {}", f.display());
+        std::fs::write(f, &bytes).unwrap();
+    }
+    // Found by the chunk's checksum, or by redb's own page checksums.
+    let damaged = |out: Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "should fail: {err}");
+        assert!(err.contains("checksum") || err.contains("corrupt"), "{err}");
+    };
+    let snap = dir.path().join("snap.redb");
+    damaged(redbfs(&["snapshot", s(&store), s(&snap)]));
+    let target = dir.path().join("target.redb");
+    damaged(redbfs(&["restore", s(&good), s(&target)]));
+    assert!(!snap.exists(), "a snapshot of a damaged store was left");
+    assert!(!target.exists(), "a damaged snapshot was restored");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("tmp"))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}

@@ -8,36 +8,16 @@ use super::output::{self, Format};
 use super::target::Target;
 use super::time::point;
 
-/// The first page of `log` is small, so its first line comes at once; later pages are
-/// larger, up to `LOG_PAGE_MAX`, so a long log streams at the store's pace.
-const LOG_PAGE_FIRST: u64 = 100;
-const LOG_PAGE_MAX: u64 = 20_000;
-
 pub(super) fn log(a: Log) -> Result<i32, String> {
-    let since = a.since.as_deref().map(point);
-    let mut left = a.limit.unwrap_or(u64::MAX);
+    let q = crate::tools::LogQuery {
+        path: a.path.clone(),
+        since: a.since.as_deref().map(point),
+        limit: a.limit,
+        ..Default::default()
+    };
     let mut out = output::LogWriter::new(Format::of(a.json));
-    Target::resolve(&a.store)?.asking(|ask| {
-        let mut cursor = serde_json::Value::Null;
-        let mut page = LOG_PAGE_FIRST;
-        while left > 0 {
-            let req = json!({"op": "log", "path": a.path, "since": since,
-                             "limit": page.min(left), "cursor": cursor});
-            let v = ask(req)?;
-            let records = v["records"].as_array().map_or(&[][..], Vec::as_slice);
-            if !out.records(records)? {
-                // The reader went away (a closed pipe): nothing more to say.
-                return Ok(());
-            }
-            left = left.saturating_sub(records.len() as u64);
-            cursor = v["cursor"].clone();
-            if cursor.is_null() {
-                break;
-            }
-            page = (page * 10).min(LOG_PAGE_MAX);
-        }
-        Ok(())
-    })?;
+    // false ends the log: the reader went away (a closed pipe), nothing more to say.
+    Target::resolve(&a.store)?.log(&q, &mut |page| out.records(&page.records))?;
     out.finish()?;
     Ok(0)
 }

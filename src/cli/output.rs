@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde_json::{Value, json};
 
 use super::time::fmt_time;
+use crate::store::HistoryRecord;
 
 /// How a command prints its answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -723,6 +724,27 @@ pub(super) struct LogWriter {
     out: std::io::BufWriter<std::io::Stdout>,
     format: Format,
     written: u64,
+    /// The last second printed and its date: consecutive records mostly share one.
+    second: Option<(i64, String)>,
+}
+
+/// A record as `log --json` prints it: every field but the undo entries, keys in order.
+#[derive(serde::Serialize)]
+struct LogJson<'a> {
+    comm: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conflict: Option<&'a str>,
+    gid: u32,
+    ino: u64,
+    op: &'a str,
+    paths: &'a [String],
+    pid: u32,
+    redacted: bool,
+    seq: u64,
+    size_after: u64,
+    size_before: u64,
+    time: i64,
+    uid: u32,
 }
 
 impl LogWriter {
@@ -731,11 +753,12 @@ impl LogWriter {
             out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout()),
             format,
             written: 0,
+            second: None,
         }
     }
 
     /// Writes one page of records; false when the reader has gone (a closed pipe).
-    pub fn records(&mut self, records: &[Value]) -> Result<bool, String> {
+    pub fn records(&mut self, records: &[HistoryRecord]) -> Result<bool, String> {
         let r = self.write_page(records).and_then(|()| self.out.flush());
         match r {
             Ok(()) => Ok(true),
@@ -744,41 +767,51 @@ impl LogWriter {
         }
     }
 
-    fn write_page(&mut self, records: &[Value]) -> std::io::Result<()> {
+    fn write_page(&mut self, records: &[HistoryRecord]) -> std::io::Result<()> {
         for r in records {
             if self.format == Format::Json {
-                let sep = if self.written == 0 { "[" } else { "," };
-                write!(self.out, "{sep}{r}")?;
+                self.out
+                    .write_all(if self.written == 0 { b"[" } else { b"," })?;
+                let line = LogJson {
+                    comm: &r.comm,
+                    conflict: r.conflict.as_deref(),
+                    gid: r.gid,
+                    ino: r.ino,
+                    op: &r.op,
+                    paths: &r.paths,
+                    pid: r.pid,
+                    redacted: r.redacted,
+                    seq: r.seq,
+                    size_after: r.size_after,
+                    size_before: r.size_before,
+                    time: r.time,
+                    uid: r.uid,
+                };
+                serde_json::to_writer(&mut self.out, &line)?;
                 self.written += 1;
                 continue;
             }
             self.written += 1;
-            let paths: Vec<String> = r["paths"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p.as_str())
-                .map(shown)
-                .collect();
+            let paths: Vec<String> = r.paths.iter().map(|p| shown(p)).collect();
+            let second = r.time.div_euclid(1_000_000_000);
+            if self.second.as_ref().is_none_or(|(s, _)| *s != second) {
+                self.second = Some((second, fmt_time(r.time)));
+            }
+            let date = self.second.as_ref().map_or("", |(_, d)| d.as_str());
             writeln!(
                 self.out,
-                "@{:<6} {}  {:<9} {:<40} {:>8} -> {:<8} uid {} pid {} {}{}",
-                r["seq"],
-                fmt_time(r["time"].as_i64().unwrap_or(0)),
-                text(&r["op"]),
+                "@{:<6} {date}  {:<9} {:<40} {} -> {} uid {} pid {} {}{}",
+                r.seq,
+                shown(&r.op),
                 paths.join(" -> "),
-                r["size_before"],
-                r["size_after"],
-                r["uid"],
-                r["pid"],
-                text(&r["comm"]),
-                if r["redacted"] == true {
-                    "  [redacted]"
-                } else {
-                    ""
-                }
+                r.size_before,
+                r.size_after,
+                r.uid,
+                r.pid,
+                shown(&r.comm),
+                if r.redacted { "  [redacted]" } else { "" }
             )?;
-            if let Some(c) = r["conflict"].as_str() {
+            if let Some(c) = &r.conflict {
                 writeln!(self.out, "        {}", shown(c))?;
             }
         }

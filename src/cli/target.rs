@@ -98,19 +98,19 @@ impl Target {
         })
     }
 
-    /// Runs `f` with a way to ask several read-only queries of one store: over one
-    /// connection to the daemon when mounted, else of the file opened read-only once.
-    pub fn asking<T>(
+    /// `log`: `on_page` hears each page in turn, newest records first, and says whether to go
+    /// on; streamed by the daemon when mounted, else read from the file in one transaction.
+    pub fn log(
         &self,
-        f: impl FnOnce(&mut dyn FnMut(Value) -> Result<Value, String>) -> Result<T, String>,
-    ) -> Result<T, String> {
+        q: &tools::LogQuery,
+        on_page: &mut dyn FnMut(&tools::LogPage) -> Result<bool, String>,
+    ) -> Result<(), String> {
         if self.is_mounted() {
-            let mut client = control::Client::connect(&self.store).map_err(|e| {
-                format!("{}: the daemon does not answer: {e}", self.store.display())
-            })?;
-            return f(&mut |req| client.call(&req));
+            return control::Client::connect(&self.store)
+                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
+                .log(q, on_page);
         }
-        self.read(|s, r| f(&mut |req| tools::query(r, s.file_bytes(), &req)))
+        self.read(|_, r| tools::log_pages(q, |q| tools::log_page(r, q), |page, _| on_page(page)))
     }
 
     /// A history change, made as the calling user and process.

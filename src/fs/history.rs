@@ -303,7 +303,8 @@ impl Fs {
         if inode.kind == Kind::Dir {
             inode.nlink = 2;
         }
-        w.put_inode(&inode)?;
+        // A file's chunk 0 may live in its record: it comes back with it.
+        w.put_inode_with_inline(&inode, then.inline_part_of(ino)?.as_deref())?;
         w.put_dirent(parent, name, inode.ino, inode.kind)?;
         if inode.kind == Kind::Dir {
             let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
@@ -351,10 +352,12 @@ impl Fs {
         self.flush_all();
         let r = self.store().read()?;
         let records = r.history_of(Some(path), None, usize::MAX)?;
+        let mut inline_version = None;
         let mut blobs: Vec<u64> = match at {
             Some(seq) => {
                 let then = r.past(seq).map_err(|e| invalid(e.to_string()))?;
                 let (inode, _) = super::resolve_path(&then, path).map_err(invalid)?;
+                inline_version = then.inline_part_of(inode.ino)?;
                 TreeView::filemap_of(&then, inode.ino)?
                     .into_iter()
                     .map(|(_, b)| b)
@@ -371,12 +374,16 @@ impl Fs {
         };
         // The current content is not history: of the file at `path`, or of every file below
         // the directory at `path` (a revert may have made an old version current again).
+        let mut current_files = Vec::new();
         if let Ok((now, _)) = super::resolve_path(&r, path) {
             let mut current = std::collections::HashSet::new();
             let mut stack = vec![(now.ino, now.kind)];
             while let Some((ino, kind)) = stack.pop() {
                 match kind {
-                    Kind::File => current.extend(r.filemap_of(ino)?.into_iter().map(|(_, b)| b)),
+                    Kind::File => {
+                        current_files.push(ino);
+                        current.extend(r.filemap_of(ino)?.into_iter().map(|(_, b)| b));
+                    }
                     Kind::Dir => stack.extend(r.list(ino)?.into_iter().map(|e| (e.ino, e.kind))),
                 }
             }
@@ -384,6 +391,26 @@ impl Fs {
         }
         blobs.sort_unstable();
         blobs.dedup();
+        // Chunks held in inode records: the version's, or every one the path's records hold;
+        // never one the current content holds (a revert may have made it current again).
+        let mut inline_parts: std::collections::HashSet<Vec<u8>> = match at {
+            Some(_) => inline_version.into_iter().collect(),
+            None => records
+                .iter()
+                .flat_map(|rec| &rec.undo)
+                .filter_map(|u| match u {
+                    crate::store::Undo::Inode { old: Some(b), .. } => {
+                        crate::store::inline_part(b).map(<[u8]>::to_vec)
+                    }
+                    _ => None,
+                })
+                .collect(),
+        };
+        for ino in &current_files {
+            if let Some(p) = r.inline_part_of(*ino)? {
+                inline_parts.remove(&p);
+            }
+        }
         drop(r);
         let mut w = self.store().write()?;
         // Redaction is not undoable: that is its point.
@@ -394,6 +421,7 @@ impl Fs {
                 erased += 1;
             }
         }
+        let inline_erased = w.redact_inline_everywhere(&inline_parts)?;
         for mut rec in records {
             let touches = rec.undo.iter().any(|u| matches!(u, crate::store::Undo::Filemap { old: Some(b), .. } if blobs.contains(b)));
             if touches && !rec.redacted {
@@ -402,6 +430,6 @@ impl Fs {
             }
         }
         self.commit(w, Sync::Durable)?;
-        Ok(erased)
+        Ok(erased + inline_erased)
     }
 }

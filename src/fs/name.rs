@@ -46,7 +46,12 @@ impl Name {
         if let Some(c) = s.chars().find(|&c| is_invisible(c)) {
             return Err(NameError::Invisible(c));
         }
-        let nfc: String = s.nfc().collect();
+        // NFC leaves ASCII as it is: most names skip the normaliser.
+        let nfc: String = if s.is_ascii() {
+            s.to_string()
+        } else {
+            s.nfc().collect()
+        };
         if nfc == "." || nfc == ".." {
             return Err(NameError::Dot);
         }

@@ -1,9 +1,11 @@
 //! File content: chunks stored as immutable blobs, the filemap that points at them, their
-//! reference counts, redaction, and the content checks `check` runs.
+//! reference counts, redaction, and the content checks `check` runs. A file's chunk 0 of at
+//! most `INLINE_MAX` bytes lives in its inode record instead (no blob, no filemap row).
 //!
-//! Invariant kept here: a blob is never rewritten (only redacted to empty); a blob's count is
-//! its filemap entries plus the history before-images that name it, written once per commit
-//! as a net change, and the blob is deleted when that count reaches 0.
+//! Invariants kept here: chunk 0 is in the record or in a blob, never both; a blob is never
+//! rewritten (only redacted to empty); a blob's count is its filemap entries plus the history
+//! before-images that name it, written once per commit as a net change, and the blob is
+//! deleted when that count reaches 0.
 
 use std::collections::HashMap;
 
@@ -12,26 +14,50 @@ use redb::ReadableTable;
 use super::read::ReadTxn;
 use super::redo::{put_entry_len, redo_del, redo_put};
 use super::schema::*;
-use super::write::WriteTxn;
+use super::write::{InodeRecord, WriteTxn};
 use super::{StoreError, corrupt, map_err, schema};
 
 fn chunk_in(
+    inodes: &impl ReadableTable<u64, &'static [u8]>,
     map: &impl ReadableTable<(u64, u64), u64>,
     blobs: &impl ReadableTable<u64, &'static [u8]>,
     ino: u64,
     idx: u64,
 ) -> Result<Option<Vec<u8>>, StoreError> {
+    if idx == 0
+        && let Some(record) = inodes.get(ino).map_err(map_err)?
+        && let Some(inline) = schema::inline_chunk(record.value())
+    {
+        return inline_content(ino, inline).map(Some);
+    }
     let Some(blob) = map.get((ino, idx)).map_err(map_err)?.map(|v| v.value()) else {
         return Ok(None);
     };
     match blobs.get(blob).map_err(map_err)? {
         Some(v) => match schema::decode_blob(v.value()) {
             Some(data) => Ok(Some(data.to_vec())),
-            None => Err(StoreError::Checksum { ino, idx, blob }),
+            None => Err(StoreError::Checksum {
+                ino,
+                idx,
+                blob: Some(blob),
+            }),
         },
         None => Err(StoreError::Corrupt(format!(
             "chunk {idx} of inode {ino} points to missing blob {blob}"
         ))),
+    }
+}
+
+/// The content of chunk 0 held in `ino`'s record; a redacted version reads as empty.
+pub(super) fn inline_content(ino: u64, inline: InlineChunk<'_>) -> Result<Vec<u8>, StoreError> {
+    match inline {
+        InlineChunk::Content(d) => Ok(d.to_vec()),
+        InlineChunk::Redacted => Ok(Vec::new()),
+        InlineChunk::Damaged => Err(StoreError::Checksum {
+            ino,
+            idx: 0,
+            blob: None,
+        }),
     }
 }
 
@@ -43,10 +69,11 @@ impl ReadTxn {
         first: u64,
         count: u64,
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let inodes = self.tx.open_table(INODES).map_err(map_err)?;
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         (first..first + count)
-            .map(|i| chunk_in(&map, &blobs, ino, i))
+            .map(|i| chunk_in(&inodes, &map, &blobs, ino, i))
             .collect()
     }
 
@@ -61,8 +88,15 @@ impl ReadTxn {
         Ok(v)
     }
 
-    /// Whether `redact` erased any blob of `ino`'s current content.
+    /// Whether `redact` erased any chunk of `ino`'s current content (a version made current
+    /// again by a revert).
     pub fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        let inodes = self.tx.open_table(INODES).map_err(map_err)?;
+        if let Some(record) = inodes.get(ino).map_err(map_err)?
+            && schema::inline_chunk(record.value()) == Some(InlineChunk::Redacted)
+        {
+            return Ok(true);
+        }
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let red = self.tx.open_table(REDACTED).map_err(map_err)?;
         for item in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
@@ -118,6 +152,24 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// Every chunk 0 held in an inode record (for check): (ino, its content's length, or
+    /// None when the content does not match its checksum).
+    pub fn all_inline(&self) -> Result<Vec<(u64, Option<u64>)>, StoreError> {
+        let inodes = self.tx.open_table(INODES).map_err(map_err)?;
+        let mut out = Vec::new();
+        for item in inodes.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let len = match schema::inline_chunk(v.value()) {
+                None => continue,
+                Some(InlineChunk::Content(d)) => Some(d.len() as u64),
+                Some(InlineChunk::Redacted) => Some(0),
+                Some(InlineChunk::Damaged) => None,
+            };
+            out.push((k.value(), len));
+        }
+        Ok(out)
+    }
+
     /// Every (ino, chunk index, blob length) in key order (for check and tools).
     pub fn all_chunks(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
@@ -139,32 +191,48 @@ impl ReadTxn {
 
 impl WriteTxn<'_> {
     pub fn chunk(&self, ino: u64, idx: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let inodes = self.tx.open_table(INODES).map_err(map_err)?;
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-        chunk_in(&map, &blobs, ino, idx)
+        chunk_in(&inodes, &map, &blobs, ino, idx)
     }
 
-    /// Stores `data` as chunk `idx` of `ino` in a new blob; the blob it replaces is released
-    /// (or kept by history).
+    /// Stores `data` as chunk `idx` of `ino` (in its record or a new blob: see
+    /// `put_chunks`); the blob it replaces is released (or kept by history).
     pub fn put_chunk(&mut self, ino: u64, idx: u64, data: &[u8]) -> Result<(), StoreError> {
         self.put_chunks(ino, [(idx, data)])
     }
 
-    /// Stores chunks of `ino` (index, content) as new blobs: one range of blob ids and one
-    /// open of the blob table for all of them.
+    /// Stores chunks of `ino` (index, content): a chunk 0 of at most `INLINE_MAX` bytes in
+    /// the inode record (when it exists already), every other chunk as a new blob, with one range of
+    /// blob ids and one open of the blob table for all of them.
     pub fn put_chunks<'d>(
         &mut self,
         ino: u64,
         chunks: impl IntoIterator<Item = (u64, &'d [u8])> + Clone,
     ) -> Result<(), StoreError> {
-        let n = chunks.clone().into_iter().count() as u64;
+        // A chunk written before its inode's record exists goes to a blob.
+        let has_record = chunks.clone().into_iter().any(|(idx, _)| idx == 0)
+            && self
+                .tx
+                .open_table(INODES)
+                .map_err(map_err)?
+                .get(ino)
+                .map_err(map_err)?
+                .is_some();
+        let inline = |&(idx, d): &(u64, &[u8])| has_record && idx == 0 && d.len() <= INLINE_MAX;
+        if let Some((_, data)) = chunks.clone().into_iter().find(inline) {
+            self.written += data.len() as u64;
+            self.set_filemap(ino, 0, None)?;
+            self.set_inline(ino, Some(data))?;
+        }
+        let blob_chunks = || chunks.clone().into_iter().filter(|c| !inline(c));
+        let n = blob_chunks().count() as u64;
         if n == 0 {
             return Ok(());
         }
         // The blobs' redo entries (a checksum before each chunk's content), sized up front.
-        let redo_bytes: usize = chunks
-            .clone()
-            .into_iter()
+        let redo_bytes: usize = blob_chunks()
             .map(|(_, d)| put_entry_len(redb::TableHandle::name(&BLOBS), 4 + d.len()))
             .sum();
         self.redo.expect(redo_bytes);
@@ -177,17 +245,99 @@ impl WriteTxn<'_> {
         self.step(n);
         {
             let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-            for (blob, (_, data)) in (first..).zip(chunks.clone()) {
+            for (blob, (_, data)) in (first..).zip(blob_chunks()) {
                 self.written += data.len() as u64;
                 let raw = schema::encode_blob(data);
                 blobs.insert(blob, raw.as_slice()).map_err(map_err)?;
                 redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
             }
         }
-        for (blob, (idx, _)) in (first..).zip(chunks) {
+        for (blob, (idx, _)) in (first..).zip(blob_chunks()) {
+            if idx == 0 {
+                self.set_inline(ino, None)?;
+            }
             self.set_filemap(ino, idx, Some(blob))?;
         }
         Ok(())
+    }
+
+    /// Moves every chunk 0 of at most `INLINE_MAX` bytes that no history record names (by
+    /// its filemap key or its inode's record) from its blob into its inode record (the
+    /// format-4 migration); how many moved.
+    pub(super) fn inline_small_chunks(&mut self) -> Result<u64, StoreError> {
+        let candidates: Vec<(u64, u64)> = {
+            let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+            let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            let red = self.tx.open_table(REDACTED).map_err(map_err)?;
+            let keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            let named = |key: Vec<u8>| -> Result<bool, StoreError> {
+                Ok(keys
+                    .range((key.as_slice(), 0)..=(key.as_slice(), u64::MAX))
+                    .map_err(map_err)?
+                    .next()
+                    .is_some())
+            };
+            let mut out = Vec::new();
+            for item in map.iter().map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                let ((ino, idx), blob) = (k.value(), v.value());
+                if idx != 0 || red.get(blob).map_err(map_err)?.is_some() {
+                    continue;
+                }
+                let small = blobs
+                    .get(blob)
+                    .map_err(map_err)?
+                    .is_some_and(|raw| raw.value().len() <= 4 + INLINE_MAX);
+                if small && !named(undo_key(1, &[ino], ""))? && !named(undo_key(3, &[ino, 0], ""))?
+                {
+                    out.push((ino, blob));
+                }
+            }
+            out
+        };
+        let mut moved = 0;
+        for (ino, blob) in candidates {
+            let data = {
+                let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+                let raw = blobs.get(blob).map_err(map_err)?;
+                match raw.as_ref().and_then(|r| schema::decode_blob(r.value())) {
+                    Some(d) => d.to_vec(),
+                    // Damaged content stays where `check` reports it.
+                    None => continue,
+                }
+            };
+            if self.inode(ino)?.is_none_or(|i| i.kind != Kind::File) {
+                continue;
+            }
+            self.set_filemap(ino, 0, None)?;
+            self.set_inline(ino, Some(&data))?;
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    /// Writes `inode`'s record holding `inline` (an encoded inline chunk, as
+    /// `TreeView::inline_part_of` gives it), or no inline chunk.
+    pub fn put_inode_with_inline(
+        &mut self,
+        inode: &Inode,
+        inline: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let bytes = inode.encode_with(inline);
+        self.set_inode_record(inode.ino, Some(InodeRecord::Encoded(&bytes)))
+    }
+
+    /// Writes a new file's record with its whole content: one record for a file whose
+    /// content fits inline, the record and its chunks otherwise.
+    pub fn put_file(&mut self, inode: &Inode, content: &[u8]) -> Result<(), StoreError> {
+        if !content.is_empty() && content.len() <= INLINE_MAX {
+            self.written += content.len() as u64;
+            let bytes = inode.encode_with(Some(&encode_inline(content)));
+            return self.set_inode_record(inode.ino, Some(InodeRecord::Encoded(&bytes)));
+        }
+        self.put_inode(inode)?;
+        let chunks = content.chunks(CHUNK_SIZE as usize);
+        self.put_chunks(inode.ino, (0u64..).zip(chunks))
     }
 
     /// Removes chunks `first..` of `ino`.
@@ -202,6 +352,9 @@ impl WriteTxn<'_> {
         };
         for idx in idxs {
             self.set_filemap(ino, idx, None)?;
+        }
+        if first == 0 {
+            self.set_inline(ino, None)?;
         }
         Ok(())
     }

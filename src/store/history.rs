@@ -98,52 +98,57 @@ impl ReadTxn {
 
     /// Where history's indexes disagree with the records (for check): each record's keys,
     /// paths and time indexed, with its before-images, and nothing else indexed.
+    ///
+    /// Each index is checked by a merge, not a lookup per entry: what the records say it
+    /// must hold, sorted as the index is, against one ordered scan of it. The records are
+    /// taken in batches of at most `INDEX_CHECK_BATCH` wanted entries, each merged with the
+    /// stretch of the index between its first and last entry, so memory stays bounded
+    /// however long the history. Before-images are compared by a hash keyed afresh in each
+    /// process.
     pub fn history_index_findings(&self) -> Result<Vec<String>, StoreError> {
+        self.index_findings_in_batches(INDEX_CHECK_BATCH)
+    }
+
+    fn index_findings_in_batches(&self, batch: usize) -> Result<Vec<String>, StoreError> {
         let keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
         let paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
         let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
-        let mut findings = Vec::new();
-        let (mut n_keys, mut n_paths, mut n_times) = (0u64, 0u64, 0u64);
+        let mut check = IndexCheck {
+            hasher: std::collections::hash_map::RandomState::new(),
+            ..IndexCheck::default()
+        };
         self.for_each_record(|r| {
-            for (k, v, required) in index_entries(&r, |_| true) {
-                let found = keys.get((k.as_slice(), r.seq)).map_err(map_err)?;
-                let found = found.as_ref().map(|x| x.value());
-                if found.is_some() {
-                    n_keys += 1;
-                }
-                if found != Some(v.as_slice()) && (required || found.is_some()) {
-                    findings.push(format!(
-                        "history record {} changed a key its index does not hold as it was",
-                        r.seq
-                    ));
-                }
+            for (key, value, required) in index_entries(&r, |_| true) {
+                let value = std::hash::BuildHasher::hash_one(&check.hasher, value.as_slice());
+                check.keys.push((key, r.seq, value, required));
             }
             let mut rp: Vec<&str> = r.paths.iter().map(String::as_str).collect();
             rp.sort_unstable();
             rp.dedup();
-            for p in &rp {
-                if paths.get((*p, r.seq)).map_err(map_err)?.is_none() {
-                    findings.push(format!(
-                        "history record {} names {p:?}, which its path index lacks",
-                        r.seq
-                    ));
-                }
+            check
+                .paths
+                .extend(rp.into_iter().map(|p| (p.to_string(), r.seq)));
+            check.times.push((r.time, r.seq));
+            if check.keys.len() + check.paths.len() + check.times.len() >= batch {
+                check.merge(&keys, &paths, &times)?;
             }
-            if times.get((r.time, r.seq)).map_err(map_err)?.is_none() {
-                findings.push(format!(
-                    "history record {} is missing from the time index",
-                    r.seq
-                ));
-            }
-            n_paths += rp.len() as u64;
-            n_times += 1;
             Ok(())
         })?;
+        check.merge(&keys, &paths, &times)?;
+        let mut findings = check.findings;
         use redb::ReadableTableMetadata;
         for (table, want, got) in [
-            ("history_keys", n_keys, keys.len().map_err(map_err)?),
-            ("history_paths", n_paths, paths.len().map_err(map_err)?),
-            ("history_times", n_times, times.len().map_err(map_err)?),
+            ("history_keys", check.n_keys, keys.len().map_err(map_err)?),
+            (
+                "history_paths",
+                check.n_paths,
+                paths.len().map_err(map_err)?,
+            ),
+            (
+                "history_times",
+                check.n_times,
+                times.len().map_err(map_err)?,
+            ),
         ] {
             if want != got {
                 findings.push(format!(
@@ -404,6 +409,171 @@ impl ReadTxn {
     }
 }
 
+/// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
+const INDEX_CHECK_BATCH: usize = 1 << 18;
+
+/// A batch of what history's indexes must hold, by the records read so far, and what the
+/// merges found.
+#[derive(Default)]
+struct IndexCheck {
+    hasher: std::collections::hash_map::RandomState,
+    /// (key, seq, hash of the before-image, whether the index must hold it)
+    keys: Vec<(Vec<u8>, u64, u64, bool)>,
+    paths: Vec<(String, u64)>,
+    times: Vec<(i64, u64)>,
+    /// Wanted entries found in the index (a key's, whatever its before-image).
+    n_keys: u64,
+    n_paths: u64,
+    n_times: u64,
+    findings: Vec<String>,
+}
+
+impl IndexCheck {
+    /// Checks the batch against the indexes and empties it: by a merge with an ordered scan
+    /// of each index between the batch's first and last entry, or, where that stretch may
+    /// hold many times more entries than the batch (a long history checked in several
+    /// batches), by a lookup per entry, in order.
+    fn merge(
+        &mut self,
+        keys: &redb::ReadOnlyTable<(&[u8], u64), &[u8]>,
+        paths: &redb::ReadOnlyTable<(&str, u64), ()>,
+        times: &redb::ReadOnlyTable<(i64, u64), ()>,
+    ) -> Result<(), StoreError> {
+        use redb::ReadableTableMetadata;
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        // A scanned entry costs a fraction of a lookup: scan unless the index is this much
+        // larger than the batch.
+        const SCAN_UP_TO: u64 = 8;
+        let scan = |index_len: u64, batch: usize| index_len <= SCAN_UP_TO * batch as u64;
+        let hash = |hasher: &std::collections::hash_map::RandomState, v: &[u8]| {
+            std::hash::BuildHasher::hash_one(hasher, v)
+        };
+        self.keys
+            .sort_unstable_by(|a, b| (a.0.as_slice(), a.1).cmp(&(b.0.as_slice(), b.1)));
+        if let (Some(lo), Some(hi)) = (self.keys.first(), self.keys.last()) {
+            let mut index = match scan(keys.len().map_err(map_err)?, self.keys.len()) {
+                true => Some(
+                    keys.range((lo.0.as_slice(), lo.1)..=(hi.0.as_slice(), hi.1))
+                        .map_err(map_err)?,
+                ),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (key, seq, value, required) in std::mem::take(&mut self.keys) {
+                let mut found = None;
+                match &mut index {
+                    None => {
+                        if let Some(v) = keys.get((key.as_slice(), seq)).map_err(map_err)? {
+                            found = Some(hash(&self.hasher, v.value()));
+                        }
+                    }
+                    Some(index) => {
+                        while let Some((k, v)) = &held {
+                            match k.value().cmp(&(key.as_slice(), seq)) {
+                                Less => {}
+                                Equal => found = Some(hash(&self.hasher, v.value())),
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found.is_some() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if found.is_some() {
+                    self.n_keys += 1;
+                }
+                if found != Some(value) && (required || found.is_some()) {
+                    self.findings.push(format!(
+                        "history record {seq} changed a key its index does not hold as it was"
+                    ));
+                }
+            }
+        }
+        self.paths.sort_unstable();
+        if let (Some(lo), Some(hi)) = (self.paths.first(), self.paths.last()) {
+            let mut index = match scan(paths.len().map_err(map_err)?, self.paths.len()) {
+                true => Some(
+                    paths
+                        .range((lo.0.as_str(), lo.1)..=(hi.0.as_str(), hi.1))
+                        .map_err(map_err)?,
+                ),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (path, seq) in std::mem::take(&mut self.paths) {
+                let mut found = false;
+                match &mut index {
+                    None => found = paths.get((path.as_str(), seq)).map_err(map_err)?.is_some(),
+                    Some(index) => {
+                        while let Some((k, _)) = &held {
+                            match k.value().cmp(&(path.as_str(), seq)) {
+                                Less => {}
+                                Equal => found = true,
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if !found {
+                    self.findings.push(format!(
+                        "history record {seq} names {path:?}, which its path index lacks"
+                    ));
+                }
+                self.n_paths += 1;
+            }
+        }
+        self.times.sort_unstable();
+        if let (Some(lo), Some(hi)) = (self.times.first(), self.times.last()) {
+            let mut index = match scan(times.len().map_err(map_err)?, self.times.len()) {
+                true => Some(times.range(*lo..=*hi).map_err(map_err)?),
+                false => None,
+            };
+            let mut held = match &mut index {
+                Some(index) => index.next().transpose().map_err(map_err)?,
+                None => None,
+            };
+            for (time, seq) in std::mem::take(&mut self.times) {
+                let mut found = false;
+                match &mut index {
+                    None => found = times.get((time, seq)).map_err(map_err)?.is_some(),
+                    Some(index) => {
+                        while let Some((k, _)) = &held {
+                            match k.value().cmp(&(time, seq)) {
+                                Less => {}
+                                Equal => found = true,
+                                Greater => break,
+                            }
+                            held = index.next().transpose().map_err(map_err)?;
+                            if found {
+                                break;
+                            }
+                        }
+                    }
+                }
+                if !found {
+                    self.findings.push(format!(
+                        "history record {seq} is missing from the time index"
+                    ));
+                }
+                self.n_times += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Where a paged `log` goes on from: the next record is older than `before`; a path's log
 /// follows the path under the name older records knew it by (`tracked`; None or "/" for the
 /// whole store).
@@ -493,9 +663,25 @@ pub(crate) fn index_entries(
                 Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
                 Undo::Dirent { .. } | Undo::Orphan { .. } => true,
             };
-            (key, u.encode(), required)
+            (key, index_value(u), required)
         })
         .collect()
+}
+
+/// What history's key index keeps of an undo entry: the entry, with a small file's content
+/// left in the record (`schema::index_form`).
+pub(crate) fn index_value(u: &Undo) -> Vec<u8> {
+    match u {
+        Undo::Inode { ino, old: Some(b) } => match index_form(b) {
+            Some(cut) => Undo::Inode {
+                ino: *ino,
+                old: Some(cut),
+            }
+            .encode(),
+            None => u.encode(),
+        },
+        _ => u.encode(),
+    }
 }
 
 impl WriteTxn<'_> {
@@ -585,14 +771,14 @@ impl WriteTxn<'_> {
         for u in undo.iter().rev() {
             match u {
                 Undo::Inode { ino, old } => {
-                    let old = match old {
-                        Some(b) => Some(
-                            Inode::decode(*ino, b)
-                                .ok_or_else(|| corrupt("history record", *ino))?,
-                        ),
-                        None => None,
-                    };
-                    self.set_inode(*ino, old.as_ref())?;
+                    // The record whole: its fields and the inline chunk it held.
+                    if let Some(b) = old
+                        && Inode::decode(*ino, b).is_none()
+                    {
+                        return Err(corrupt("history record", *ino));
+                    }
+                    let old = old.as_deref().map(super::write::InodeRecord::Encoded);
+                    self.set_inode_record(*ino, old)?;
                 }
                 Undo::Dirent { parent, name, old } => {
                     let old = match old {
@@ -695,6 +881,66 @@ impl WriteTxn<'_> {
             self.drop_record(r)?;
         }
         Ok(())
+    }
+
+    /// Erases, in every history record and in history's key index, the inode before-images
+    /// whose inline chunk is one of `parts` (encoded, as `TreeView::inline_part_of` gives
+    /// them), and marks those records redacted. Returns the parts found and erased. Reads
+    /// every record: redaction is rare, and a version's bytes may sit in any record that
+    /// changed that inode (a rollback's too), as a blob may be named by any.
+    pub fn redact_inline_everywhere(
+        &mut self,
+        parts: &std::collections::HashSet<Vec<u8>>,
+    ) -> Result<usize, StoreError> {
+        if parts.is_empty() {
+            return Ok(0);
+        }
+        let holds = |u: &Undo| match u {
+            Undo::Inode { old: Some(b), .. } => inline_part(b).is_some_and(|p| parts.contains(p)),
+            _ => false,
+        };
+        let mut hit = Vec::new();
+        {
+            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+            for item in t.iter().map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                let r = HistoryRecord::decode(k.value(), v.value())
+                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                if r.undo.iter().any(holds) {
+                    hit.push(r);
+                }
+            }
+        }
+        let mut erased = std::collections::HashSet::new();
+        for mut r in hit {
+            let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            for u in &mut r.undo {
+                if !holds(u) {
+                    continue;
+                }
+                let Undo::Inode { old: Some(b), .. } = u else {
+                    continue;
+                };
+                erased.insert(inline_part(b).map(<[u8]>::to_vec));
+                *b = redact_inline(b);
+                let k = u.key();
+                if keys.get((k.as_slice(), r.seq)).map_err(map_err)?.is_some() {
+                    let v = index_value(u);
+                    keys.insert((k.as_slice(), r.seq), v.as_slice())
+                        .map_err(map_err)?;
+                    redo_put(
+                        &self.redo,
+                        HISTORY_KEYS,
+                        &(k.as_slice(), r.seq),
+                        &v.as_slice(),
+                    );
+                }
+            }
+            drop(keys);
+            r.redacted = true;
+            self.put_record(&r)?;
+        }
+        Ok(erased.len())
     }
 
     /// Rewrites one history record (redaction).
@@ -830,6 +1076,76 @@ mod tests {
         fs.release(fh).unwrap();
     }
 
+    /// The index check merges what the records want with ordered scans of the indexes (it
+    /// looked each entry up, which was most of `check`'s time on a long history): a changed
+    /// before-image, a path or a time missing, and an entry no record accounts for are each
+    /// still found, across several batches as in one.
+    #[test]
+    fn the_index_check_finds_what_is_changed_missing_or_extra() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        for i in 0..40 {
+            write(&fs, ROOT_INO, &format!("f{}.md", i % 7), &format!("v{i}"));
+        }
+        let findings = |batch: usize| {
+            let r = fs.store().read().unwrap();
+            let mut found = r.index_findings_in_batches(batch).unwrap();
+            found.sort();
+            found
+        };
+        assert_eq!(findings(INDEX_CHECK_BATCH), Vec::<String>::new());
+        assert_eq!(findings(5), Vec::<String>::new());
+        let (changed, path, path_seq, time_seq) = {
+            let mut w = fs.store().write().unwrap();
+            w.without_history();
+            let mut keys = w.tx.open_table(HISTORY_KEYS).unwrap();
+            let (k, seq) = {
+                let last = keys.last().unwrap().unwrap();
+                let (k, seq) = last.0.value();
+                (k.to_vec(), seq)
+            };
+            keys.insert((k.as_slice(), seq), b"changed".as_slice())
+                .unwrap();
+            keys.insert((b"\xffno record".as_slice(), 1), b"x".as_slice())
+                .unwrap();
+            drop(keys);
+            let mut paths = w.tx.open_table(HISTORY_PATHS).unwrap();
+            let (path, path_seq) = {
+                let first = paths.first().unwrap().unwrap();
+                let (p, seq) = first.0.value();
+                (p.to_string(), seq)
+            };
+            paths.remove((path.as_str(), path_seq)).unwrap();
+            drop(paths);
+            let mut times = w.tx.open_table(HISTORY_TIMES).unwrap();
+            let first = times.first().unwrap().unwrap().0.value();
+            times.remove(first).unwrap();
+            drop(times);
+            w.commit(Sync::Durable).unwrap();
+            (seq, path, path_seq, first.1)
+        };
+        let found = findings(INDEX_CHECK_BATCH);
+        assert_eq!(findings(5), found, "batches of 5 find what one batch finds");
+        for want in [
+            format!("history record {changed} changed a key its index does not hold as it was"),
+            format!("history record {path_seq} names {path:?}, which its path index lacks"),
+            format!("history record {time_seq} is missing from the time index"),
+        ] {
+            assert!(found.contains(&want), "{want:?} not in {found:?}");
+        }
+        for table in ["history_keys", "history_paths", "history_times"] {
+            assert!(
+                found
+                    .iter()
+                    .any(|f| f.starts_with(&format!("{table} holds "))),
+                "{table}: {found:?}"
+            );
+        }
+        assert_eq!(found.len(), 6, "{found:?}");
+    }
+
     /// An import indexes the directory entries it makes, not the inode and chunk keys of the
     /// inodes it handed out: they have nothing to go back to. The past still reads right
     /// before and after the import, and after a later edit of an imported file.
@@ -885,5 +1201,47 @@ mod tests {
         let edited = r.last_seq().unwrap();
         assert_eq!(read(edited, "f0.md").as_deref(), Some("second"));
         assert_eq!(read(edited, "f1.md").as_deref(), Some("first 1"));
+    }
+
+    /// A small file's earlier versions live in the history records (the inode's before-image
+    /// carries its content); the key index keeps only their fields and checksums, so each
+    /// version is stored once. The past still reads every version whole.
+    #[test]
+    fn the_key_index_leaves_a_small_file_s_content_in_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let versions: Vec<String> = (0..5)
+            .map(|i| format!("version-{i}-").repeat(100))
+            .collect();
+        let mut points = Vec::new();
+        for v in &versions {
+            write(&fs, ROOT_INO, "f.md", v);
+            points.push(fs.store().read().unwrap().last_seq().unwrap());
+        }
+        let r = fs.store().read().unwrap();
+        let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+        let mut inode_entries = 0;
+        for item in keys.iter().unwrap() {
+            let (k, v) = item.unwrap();
+            if k.value().0[0] == 1 {
+                inode_entries += 1;
+                assert!(
+                    !v.value().windows(10).any(|w| w == b"-version-"),
+                    "an index entry holds content"
+                );
+            }
+        }
+        assert!(inode_entries >= 4, "{inode_entries}");
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        let ino = fs.lookup(ROOT_INO, b"f.md").unwrap().ino;
+        for (v, &seq) in versions.iter().zip(&points) {
+            let past = r.past(seq).unwrap();
+            let c = past.chunks(ino, 0, 1).unwrap();
+            assert_eq!(c, vec![Some(v.as_bytes().to_vec())], "@{seq}");
+            let part = past.inline_part_of(ino).unwrap().unwrap();
+            assert!(part.ends_with(v.as_bytes()));
+        }
     }
 }

@@ -59,7 +59,8 @@ pub use replica::{
     record_time,
 };
 pub use schema::{
-    CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, Inode, Kind, ROOT_INO, SubtreeRecord, Undo,
+    CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, INLINE_MAX, Inode, Kind, ROOT_INO, SubtreeRecord,
+    Undo, inline_is_damaged, inline_part,
 };
 pub use write::{OpInfo, WriteTxn};
 
@@ -84,7 +85,12 @@ pub enum StoreError {
     /// directory other users can write in).
     Refused(String),
     /// A content chunk read from the store does not match its checksum.
-    Checksum { ino: u64, idx: u64, blob: u64 },
+    /// `blob` is None for a chunk held in the inode record.
+    Checksum {
+        ino: u64,
+        idx: u64,
+        blob: Option<u64>,
+    },
     /// A change asked of a store opened read-only; nothing was written.
     ReadOnly,
     /// The store must be written before it can be read as it is (recovered after a crash,
@@ -135,7 +141,11 @@ impl std::fmt::Display for StoreError {
             ),
             StoreError::Checksum { ino, idx, blob } => write!(
                 f,
-                "chunk {idx} of inode {ino} (blob {blob}) does not match its checksum: the store file is damaged; run `redbfs check` on it and restore from a snapshot"
+                "chunk {idx} of inode {ino} ({}) does not match its checksum: the store file is damaged; run `redbfs check` on it and restore from a snapshot",
+                match blob {
+                    Some(b) => format!("blob {b}"),
+                    None => "held in its inode record".to_string(),
+                }
             ),
         }
     }

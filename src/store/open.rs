@@ -178,9 +178,33 @@ impl Store {
         let mut w = self.write()?;
         w.without_history();
         let n = w.index_all_history()?;
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(
+            META_FORMAT,
+            &(schema::FORMAT_WITHOUT_INLINE as u64).to_le_bytes(),
+        )?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), records = n, "store format 3 migrated to 4: history is indexed by key, path and time");
+        Ok(())
+    }
+
+    /// Migrates a format-4 store: every file whose chunk 0 fits `INLINE_MAX` gets it in its
+    /// inode record and its blob released, in one durable transaction (linear in the files).
+    /// A file whose record or chunk 0 history holds before-images of keeps its blob: a point
+    /// of history reads a key's value now when no record after it changed the key, so moving
+    /// content under a key some record names could show a past without it.
+    fn inline_small_files(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        // A follower's store stays as its writer's records build it: a record that repoints
+        // a chunk 0 its writer keeps in a blob must not meet the same chunk held inline.
+        let n = if w.meta_bytes(META_FOLLOWED)?.is_some() {
+            0
+        } else {
+            w.inline_small_chunks()?
+        };
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), files = n, "store format 4 migrated to 5: small files' content moved into their inode records");
         Ok(())
     }
 
@@ -200,6 +224,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_WITHOUT_HISTORY_INDEXES as u64 => {
                 drop(r);
                 self.build_history_indexes()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_WITHOUT_INLINE as u64 => {
+                drop(r);
+                self.inline_small_files()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {

@@ -25,6 +25,9 @@ pub trait TreeView {
     fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError>;
     /// Whether `redact` erased any chunk of `ino`'s content in this view.
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError>;
+    /// The chunk 0 `ino`'s record holds, encoded as the record holds it (see
+    /// `schema::encode_inline`); None when its content is all in blobs.
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 impl TreeView for ReadTxn {
@@ -46,7 +49,17 @@ impl TreeView for ReadTxn {
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
         ReadTxn::content_redacted(self, ino)
     }
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        Ok(t.get(ino)
+            .map_err(map_err)?
+            .and_then(|v| inline_part(v.value()).map(<[u8]>::to_vec)))
+    }
 }
+
+/// An inode record as a point of history sees it: the history record whose before-image it
+/// is (None: the record now), and its bytes.
+type InodeImage = (Option<u64>, Vec<u8>);
 
 /// The tree as it was at history point `seq` (after record `seq` committed).
 pub struct Past<'r> {
@@ -68,8 +81,13 @@ impl Past<'_> {
         self.seq
     }
 
-    /// The before-image of `key` in the first record after this point that changed it.
+    /// The before-image of `key` in the first record after this point that changed it, as
+    /// history's key index keeps it, with that record's seq.
     fn changed_after(&self, key: &[u8]) -> Result<Option<Undo>, StoreError> {
+        Ok(self.changed_after_in(key)?.map(|(_, u)| u))
+    }
+
+    fn changed_after_in(&self, key: &[u8]) -> Result<Option<(u64, Undo)>, StoreError> {
         let t = self.now.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
         let Some(first) = self.seq.checked_add(1) else {
             return Ok(None);
@@ -79,9 +97,10 @@ impl Past<'_> {
             None => Ok(None),
             Some(item) => {
                 let (k, v) = item.map_err(map_err)?;
+                let seq = k.value().1;
                 Undo::decode(v.value())
-                    .map(Some)
-                    .ok_or_else(|| corrupt("history index entry", k.value().1))
+                    .map(|u| Some((seq, u)))
+                    .ok_or_else(|| corrupt("history index entry", seq))
             }
         }
     }
@@ -99,15 +118,55 @@ impl Past<'_> {
     }
 }
 
+impl Past<'_> {
+    /// The encoded record of `ino` at this point, its fields at least: an inline chunk's
+    /// content may be left in the history record (see `inode_record`).
+    fn inode_image(&self, ino: u64) -> Result<Option<InodeImage>, StoreError> {
+        match self.changed_after_in(&undo_key(1, &[ino], ""))? {
+            Some((seq, Undo::Inode { old, .. })) => Ok(old.map(|b| (Some(seq), b))),
+            Some(_) => Err(corrupt("history index entry", ino)),
+            None => {
+                let t = self.now.tx.open_table(INODES).map_err(map_err)?;
+                Ok(t.get(ino)
+                    .map_err(map_err)?
+                    .map(|v| (None, v.value().to_vec())))
+            }
+        }
+    }
+
+    /// The encoded record of `ino` at this point, whole (with its inline chunk, if any): read
+    /// from the history record the index entry names when the index left the content there.
+    fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some((seq, image)) = self.inode_image(ino)? else {
+            return Ok(None);
+        };
+        let Some(seq) = seq.filter(|_| content_in_record(&image)) else {
+            return Ok(Some(image));
+        };
+        let t = self.now.tx.open_table(HISTORY).map_err(map_err)?;
+        let record = t
+            .get(seq)
+            .map_err(map_err)?
+            .and_then(|v| HistoryRecord::decode(seq, v.value()))
+            .ok_or_else(|| corrupt("history record", seq))?;
+        record
+            .undo
+            .into_iter()
+            .find_map(|u| match u {
+                Undo::Inode { ino: i, old } if i == ino => Some(old),
+                _ => None,
+            })
+            .ok_or_else(|| corrupt("history record", seq))
+    }
+}
+
 impl TreeView for Past<'_> {
     fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
-        match self.changed_after(&undo_key(1, &[ino], ""))? {
-            Some(Undo::Inode { old: None, .. }) => Ok(None),
-            Some(Undo::Inode { old: Some(b), .. }) => Inode::decode(ino, &b)
+        match self.inode_image(ino)? {
+            None => Ok(None),
+            Some((_, b)) => Inode::decode(ino, &b)
                 .map(Some)
                 .ok_or_else(|| corrupt("history record", ino)),
-            Some(_) => Err(corrupt("history index entry", ino)),
-            None => self.now.inode(ino),
         }
     }
 
@@ -186,13 +245,23 @@ impl TreeView for Past<'_> {
         let blobs = self.now.tx.open_table(BLOBS).map_err(map_err)?;
         (first..first.saturating_add(count))
             .map(|idx| {
+                if idx == 0
+                    && let Some(record) = self.inode_record(ino)?
+                    && let Some(inline) = inline_chunk(&record)
+                {
+                    return super::content::inline_content(ino, inline).map(Some);
+                }
                 let Some(blob) = self.blob_at(ino, idx)? else {
                     return Ok(None);
                 };
                 match blobs.get(blob).map_err(map_err)? {
                     Some(v) => decode_blob(v.value())
                         .map(|d| Some(d.to_vec()))
-                        .ok_or(StoreError::Checksum { ino, idx, blob }),
+                        .ok_or(StoreError::Checksum {
+                            ino,
+                            idx,
+                            blob: Some(blob),
+                        }),
                     None => Err(StoreError::Corrupt(format!(
                         "chunk {idx} of inode {ino} at history point {} points to missing blob {blob}",
                         self.seq
@@ -203,6 +272,11 @@ impl TreeView for Past<'_> {
     }
 
     fn content_redacted(&self, ino: u64) -> Result<bool, StoreError> {
+        if let Some(record) = self.inode_record(ino)?
+            && inline_chunk(&record) == Some(InlineChunk::Redacted)
+        {
+            return Ok(true);
+        }
         let red = self.now.tx.open_table(REDACTED).map_err(map_err)?;
         for (_, blob) in self.filemap_of(ino)? {
             if red.get(blob).map_err(map_err)?.is_some() {
@@ -210,5 +284,11 @@ impl TreeView for Past<'_> {
             }
         }
         Ok(false)
+    }
+
+    fn inline_part_of(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .inode_record(ino)?
+            .and_then(|b| inline_part(&b).map(<[u8]>::to_vec)))
     }
 }

@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 4)
+//! # Tables (format version 5)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -26,6 +26,8 @@
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
 //! filemap  (u64, u64)      -> u64       (ino, chunk index) -> blob id; a missing index is a hole
+//!                                       (chunk 0 of a file may be held in its inode record
+//!                                       instead, never in both: see "Inline content")
 //! blobs    u64 blob id     -> &[u8]     u32 CRC-32C of the content (LE), then the chunk's
 //!                                       content, at most CHUNK_SIZE bytes (format 3; format 2
 //!                                       stored the content alone and is migrated at open); an
@@ -50,7 +52,10 @@
 //!
 //! ```text
 //! history_keys  (&[u8] key, u64 seq) -> &[u8]  every key a record undoes -> that key's
-//!                                       before-image (one undo entry, as in the record).
+//!                                       before-image (one undo entry, as in the record;
+//!                                       an inode image whose inline chunk holds content
+//!                                       is kept without it, flagged: the record holds it,
+//!                                       see `index_form`).
 //!                                       Key: u8 table tag, then big-endian fields:
 //!                                       1 inode: ino | 2 dirent: parent, name bytes |
 //!                                       3 filemap: ino, chunk index | 4 orphan: ino.
@@ -112,7 +117,32 @@
 //! may outlive its directory when it carries a quota (counts then zero): inode numbers are
 //! never reused except by history restoring that same directory, which gets its quota back.
 //!
-//! # Inode record, version 1 (little-endian)
+//! # Inode record, version 2 (written by format 5)
+//!
+//! ```text
+//! u8       record version (2)
+//! u8       kind: 1 file, 2 directory
+//! varint   permission bits (07777)
+//! varint   uid
+//! varint   gid
+//! varint   size in bytes (files); 0 for directories
+//! varint   nlink
+//! varint   parent ino (the root is its own parent)
+//! i64      mtime, ns since the epoch (little-endian)
+//! varint   zigzag(atime - mtime)
+//! varint   zigzag(ctime - mtime)
+//! varint   zigzag(crtime - ctime)
+//! varint   name length N
+//! N        name, UTF-8 (NFC); empty for the root
+//! ...      the file's inline chunk, when bytes follow (see "Inline content")
+//! ```
+//!
+//! Varints are LEB128 (seven bits a byte, low first); zigzag maps a signed difference to an
+//! unsigned one (0, -1, 1, -2 ...), and differences wrap, so every i64 round-trips. A small
+//! file's record is about 40 bytes less than in version 1, which a store of small memories
+//! pays once per file.
+//!
+//! # Inode record, version 1 (format 4 and before; still read, never written)
 //!
 //! ```text
 //! 0   u8   record version (1)
@@ -133,11 +163,33 @@
 //!
 //! A file has exactly one name (no hard links), so `parent` and `name` locate it; directory
 //! renames rewrite only the moved directory's own dirent and record.
+//!
+//! # Inline content (format 5)
+//!
+//! A version-2 record may end with the file's chunk 0, after the name:
+//!
+//! ```text
+//! u8       flags: 1 = redacted (the content was erased: it reads as empty); 2 = the
+//!          content is in the history record this index entry indexes (`history_keys`
+//!          values only, see `index_form`)
+//! u32      CRC-32C of the content (little-endian)
+//! ...      the content, to the end of the record, at most INLINE_MAX bytes
+//! ```
+//!
+//! A file's chunk 0 of at most `INLINE_MAX` bytes is kept here (written through
+//! `put_chunks`); then the file has no filemap row for chunk 0 and no blob for it. Every
+//! other chunk is a blob. The record is one value, so history's before-image of an inode
+//! (`Undo::Inode`) carries its content with it: a small file's edit keeps no blob, and
+//! undoing the record restores both. A format-4 store (no version-2 records) is valid as it
+//! is; at open its small files move into their records, except those history names (a
+//! point reads a key's value now when no record after it changed the key).
 
 use redb::TableDefinition;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The format before inline content, migrated at open (small files move into their records).
+pub const FORMAT_WITHOUT_INLINE: u32 = 4;
 /// The format before history's indexes, migrated at open (the indexes are built).
 pub const FORMAT_WITHOUT_HISTORY_INDEXES: u32 = 3;
 /// The format before chunk checksums, migrated at open.
@@ -201,7 +253,18 @@ pub(crate) const META_LAST_COMMIT: &str = "last_commit";
 pub(crate) const META_SUBTREE_SEQ: &str = "subtree_seq";
 
 const INODE_RECORD_VERSION: u8 = 1;
+/// The compact record this build writes, which may also hold the file's chunk 0 (see
+/// "Inline content").
+const INODE_RECORD_VERSION_COMPACT: u8 = 2;
 const INODE_FIXED_LEN: usize = 68;
+
+/// The largest chunk 0 kept in its file's inode record rather than in a blob of its own.
+/// Below it, a blob's fixed costs (its key, its filemap row, the rows' entries in two
+/// B-trees: about 60 bytes) are a large part of what a memory costs (60% of a 100-byte
+/// file); above it they are under 3%. A record of up to about 2.1 KiB still shares a 4 KiB
+/// redb leaf with its neighbours, so a stat or a walk reading inode records never meets a
+/// page of its own, and a record read for its attributes copies at most this much.
+pub const INLINE_MAX: usize = 2048;
 
 /// What an inode is. Only regular files and directories exist in a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,52 +309,247 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// The record without an inline chunk.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_with(None)
+    }
+
+    /// The record (version 2), carrying `inline` (an encoded inline chunk: flags, checksum,
+    /// content, as `encode_inline` makes it) when given.
+    pub fn encode_with(&self, inline: Option<&[u8]>) -> Vec<u8> {
         let name = self.name.as_bytes();
-        let mut out = Vec::with_capacity(INODE_FIXED_LEN + name.len());
-        out.push(INODE_RECORD_VERSION);
+        let tail = inline.map_or(0, <[u8]>::len);
+        let mut out = Vec::with_capacity(48 + name.len() + tail);
+        out.push(INODE_RECORD_VERSION_COMPACT);
         out.push(self.kind.to_byte());
-        out.extend_from_slice(&self.perm.to_le_bytes());
-        out.extend_from_slice(&self.uid.to_le_bytes());
-        out.extend_from_slice(&self.gid.to_le_bytes());
-        out.extend_from_slice(&self.size.to_le_bytes());
-        out.extend_from_slice(&self.nlink.to_le_bytes());
-        out.extend_from_slice(&self.parent.to_le_bytes());
-        out.extend_from_slice(&self.atime.to_le_bytes());
+        for v in [
+            u64::from(self.perm),
+            u64::from(self.uid),
+            u64::from(self.gid),
+            self.size,
+            u64::from(self.nlink),
+            self.parent,
+        ] {
+            put_varint(&mut out, v);
+        }
         out.extend_from_slice(&self.mtime.to_le_bytes());
-        out.extend_from_slice(&self.ctime.to_le_bytes());
-        out.extend_from_slice(&self.crtime.to_le_bytes());
-        // Names are at most 255 bytes (the normaliser's rule), so u16 always fits.
-        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        for d in [
+            self.atime.wrapping_sub(self.mtime),
+            self.ctime.wrapping_sub(self.mtime),
+            self.crtime.wrapping_sub(self.ctime),
+        ] {
+            put_varint(&mut out, zigzag(d));
+        }
+        put_varint(&mut out, name.len() as u64);
         out.extend_from_slice(name);
+        if let Some(t) = inline {
+            out.extend_from_slice(t);
+        }
         out
     }
 
-    /// Decodes a record; `None` when the bytes are not a version-1 inode record.
+    /// Decodes a record (version 1, or 2 with its inline chunk left aside); `None` when the
+    /// bytes are not an inode record.
     pub fn decode(ino: u64, b: &[u8]) -> Option<Inode> {
-        if b.len() < INODE_FIXED_LEN || b[0] != INODE_RECORD_VERSION {
-            return None;
+        parse_record(ino, b).map(|(i, _)| i)
+    }
+}
+
+/// An inode record's fields and where its name ends (where a version-2 record's inline
+/// chunk starts, when bytes follow); None when the bytes are not an inode record.
+fn parse_record(ino: u64, b: &[u8]) -> Option<(Inode, usize)> {
+    match *b.first()? {
+        INODE_RECORD_VERSION => {
+            if b.len() < INODE_FIXED_LEN {
+                return None;
+            }
+            let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+            let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+            let i64_at = |o: usize| i64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+            let name_end = INODE_FIXED_LEN + u16::from_le_bytes([b[66], b[67]]) as usize;
+            if b.len() != name_end {
+                return None;
+            }
+            let i = Inode {
+                ino,
+                kind: Kind::from_byte(b[1])?,
+                perm: u32_at(2),
+                uid: u32_at(6),
+                gid: u32_at(10),
+                size: u64_at(14),
+                nlink: u32_at(22),
+                parent: u64_at(26),
+                atime: i64_at(34),
+                mtime: i64_at(42),
+                ctime: i64_at(50),
+                crtime: i64_at(58),
+                name: String::from_utf8(b[INODE_FIXED_LEN..name_end].to_vec()).ok()?,
+            };
+            Some((i, name_end))
         }
-        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        let i64_at = |o: usize| i64::from_le_bytes(b[o..o + 8].try_into().unwrap());
-        let name_len = u16::from_le_bytes([b[66], b[67]]) as usize;
-        let name = b.get(INODE_FIXED_LEN..INODE_FIXED_LEN + name_len)?;
-        Some(Inode {
-            ino,
-            kind: Kind::from_byte(b[1])?,
-            perm: u32_at(2),
-            uid: u32_at(6),
-            gid: u32_at(10),
-            size: u64_at(14),
-            nlink: u32_at(22),
-            parent: u64_at(26),
-            atime: i64_at(34),
-            mtime: i64_at(42),
-            ctime: i64_at(50),
-            crtime: i64_at(58),
-            name: String::from_utf8(name.to_vec()).ok()?,
-        })
+        INODE_RECORD_VERSION_COMPACT => {
+            let mut at = 2;
+            let kind = Kind::from_byte(*b.get(1)?)?;
+            let mut next = || take_varint(b, &mut at);
+            let perm = u32::try_from(next()?).ok()?;
+            let uid = u32::try_from(next()?).ok()?;
+            let gid = u32::try_from(next()?).ok()?;
+            let size = next()?;
+            let nlink = u32::try_from(next()?).ok()?;
+            let parent = next()?;
+            let mtime = i64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
+            at += 8;
+            let atime = mtime.wrapping_add(unzigzag(take_varint(b, &mut at)?));
+            let ctime = mtime.wrapping_add(unzigzag(take_varint(b, &mut at)?));
+            let crtime = ctime.wrapping_add(unzigzag(take_varint(b, &mut at)?));
+            let name_len = usize::try_from(take_varint(b, &mut at)?).ok()?;
+            let name_end = at.checked_add(name_len)?;
+            let name = String::from_utf8(b.get(at..name_end)?.to_vec()).ok()?;
+            // Bytes after the name are an inline chunk, whole header at least.
+            if b.len() != name_end && b.len() < name_end + INLINE_HEADER_LEN {
+                return None;
+            }
+            let i = Inode {
+                ino,
+                kind,
+                perm,
+                uid,
+                gid,
+                size,
+                nlink,
+                parent,
+                atime,
+                mtime,
+                ctime,
+                crtime,
+                name,
+            };
+            Some((i, name_end))
+        }
+        _ => None,
+    }
+}
+
+/// Where a record's inline chunk starts; None for a record without one (or bytes that are no
+/// inode record).
+fn inline_start(b: &[u8]) -> Option<usize> {
+    let (_, name_end) = parse_record(0, b)?;
+    (b[0] == INODE_RECORD_VERSION_COMPACT && name_end < b.len()).then_some(name_end)
+}
+
+/// LEB128: seven bits a byte, low first, the high bit set on every byte but the last.
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// The varint at `*at`, moving past it; None when cut short or longer than a u64.
+fn take_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f).checked_shl(shift)?;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Chunk 0 of a file as its inode record holds it (see "Inline content").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InlineChunk<'a> {
+    /// The content, its checksum verified.
+    Content(&'a [u8]),
+    /// `redact` erased this version's content: it reads as empty.
+    Redacted,
+    /// The content does not match its checksum.
+    Damaged,
+}
+
+const INLINE_REDACTED: u8 = 1;
+/// In history's key index only: the content is in the history record this entry indexes.
+const INLINE_IN_RECORD: u8 = 2;
+const INLINE_HEADER_LEN: usize = 5;
+
+/// The inline chunk of an encoded inode record; None for a record without one (or bytes that
+/// are no inode record).
+pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
+    let tail = inline_part(record)?;
+    let (flags, rest) = tail.split_first()?;
+    let (sum, data) = rest.split_at_checked(4)?;
+    Some(if flags & INLINE_REDACTED != 0 {
+        InlineChunk::Redacted
+    } else if flags & INLINE_IN_RECORD == 0 && crc32c::crc32c(data).to_le_bytes() == sum {
+        InlineChunk::Content(data)
+    } else {
+        InlineChunk::Damaged
+    })
+}
+
+/// The form history's key index keeps of an inode before-image whose inline chunk holds
+/// content: its fields and checksum, flagged, without the content, which the record it
+/// indexes holds (so a small file's every earlier version is kept once, not twice). None for
+/// any other image, which the index keeps whole.
+pub fn index_form(record: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(record)?;
+    let part = &record[at..];
+    if part[0] != 0 || part.len() == INLINE_HEADER_LEN {
+        return None;
+    }
+    let mut out = record[..at + INLINE_HEADER_LEN].to_vec();
+    out[at] = INLINE_IN_RECORD;
+    Some(out)
+}
+
+/// Whether an index entry's inode image is `index_form`'s: its content is in the record.
+pub fn content_in_record(image: &[u8]) -> bool {
+    inline_part(image).is_some_and(|p| p[0] & INLINE_IN_RECORD != 0)
+}
+
+/// Whether an encoded inode record holds an inline chunk that does not match its checksum.
+pub fn inline_is_damaged(record: &[u8]) -> bool {
+    inline_chunk(record) == Some(InlineChunk::Damaged)
+}
+
+/// The encoded inline chunk of a record (flags, checksum, content), to carry it into a
+/// rewrite of the record's other fields.
+pub fn inline_part(record: &[u8]) -> Option<&[u8]> {
+    inline_start(record).map(|at| &record[at..])
+}
+
+/// An inline chunk as a version-2 record carries it: flags, the CRC-32C of `data`, `data`.
+pub fn encode_inline(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(INLINE_HEADER_LEN + data.len());
+    out.push(0);
+    out.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// The record with its inline chunk's content erased and marked redacted (a record without
+/// one is returned unchanged).
+pub fn redact_inline(record: &[u8]) -> Vec<u8> {
+    match inline_start(record) {
+        Some(end) => {
+            let mut out = record[..end].to_vec();
+            out.push(INLINE_REDACTED);
+            out.extend_from_slice(&crc32c::crc32c(&[]).to_le_bytes());
+            out
+        }
+        None => record.to_vec(),
     }
 }
 
@@ -336,7 +594,9 @@ pub enum Undo {
 /// The trailing conflict note (a replace that overwrote or was refused for overwriting
 /// another process's edit) was added within version 1: records without it end after the
 /// undo list, and readers that predate it ignore it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+///
+/// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HistoryRecord {
     pub seq: u64,
     pub time: i64,
@@ -353,7 +613,7 @@ pub struct HistoryRecord {
     #[serde(skip)]
     pub undo: Vec<Undo>,
     /// Set when this replace lost, or was refused for losing, another process's edit.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<String>,
 }
 
@@ -742,21 +1002,101 @@ mod tests {
 
     #[test]
     fn inode_layout_is_little_endian_and_versioned() {
-        let b = sample().encode();
-        assert_eq!(b[0], 1);
+        let i = sample();
+        let b = i.encode();
+        assert_eq!(b[0], 2);
         assert_eq!(b[1], 1);
-        assert_eq!(&b[2..6], &0o600u32.to_le_bytes());
-        assert_eq!(&b[14..22], &123_456_789u64.to_le_bytes());
-        assert_eq!(&b[26..34], &7u64.to_le_bytes());
-        assert_eq!(b.len(), 68 + "notes \u{1F600}.md".len());
+        // perm 0o600 = 384: two varint bytes; uid 1000: two; gid 100: one.
+        assert_eq!(&b[2..4], &[0x80, 0x03]);
+        assert_eq!(&b[4..6], &[0xe8, 0x07]);
+        assert_eq!(b[6], 100);
+        let name = "notes \u{1F600}.md";
+        assert!(b.ends_with(name.as_bytes()));
+        assert!(b.len() < 68 + name.len() - 20, "{} bytes", b.len());
+    }
+
+    /// A record as format 4 and before wrote it: fixed fields.
+    fn version_1(i: &Inode) -> Vec<u8> {
+        let mut out = vec![1, i.kind.to_byte()];
+        out.extend_from_slice(&i.perm.to_le_bytes());
+        out.extend_from_slice(&i.uid.to_le_bytes());
+        out.extend_from_slice(&i.gid.to_le_bytes());
+        out.extend_from_slice(&i.size.to_le_bytes());
+        out.extend_from_slice(&i.nlink.to_le_bytes());
+        out.extend_from_slice(&i.parent.to_le_bytes());
+        for t in [i.atime, i.mtime, i.ctime, i.crtime] {
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        out.extend_from_slice(&(i.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(i.name.as_bytes());
+        out
+    }
+
+    #[test]
+    fn a_version_1_record_still_decodes_and_has_no_inline_chunk() {
+        let i = sample();
+        let b = version_1(&i);
+        assert_eq!(b.len(), 68 + i.name.len());
+        assert_eq!(Inode::decode(42, &b), Some(i.clone()));
+        assert_eq!(inline_part(&b), None);
+        // Rewritten, it takes the compact form.
+        assert_eq!(Inode::decode(42, &i.encode_with(inline_part(&b))), Some(i));
+    }
+
+    #[test]
+    fn extreme_fields_round_trip_in_the_compact_form() {
+        let mut i = sample();
+        i.perm = u32::MAX;
+        i.uid = u32::MAX;
+        i.size = u64::MAX;
+        i.parent = u64::MAX;
+        i.atime = i64::MIN;
+        i.mtime = i64::MAX;
+        i.ctime = i64::MIN;
+        i.crtime = i64::MAX;
+        i.name = "n".repeat(255);
+        assert_eq!(Inode::decode(42, &i.encode()), Some(i.clone()));
+        let b = i.encode();
+        for cut in 0..b.len() {
+            assert_eq!(Inode::decode(42, &b[..cut]), None, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn an_inline_chunk_rides_in_a_version_2_record() {
+        let i = sample();
+        assert_eq!(inline_chunk(&i.encode()), None);
+        let data = b"a small memory".to_vec();
+        let b = i.encode_with(Some(&encode_inline(&data)));
+        assert_eq!(b[0], 2);
+        assert_eq!(Inode::decode(42, &b), Some(i.clone()));
+        assert_eq!(inline_chunk(&b), Some(InlineChunk::Content(&data[..])));
+        assert_eq!(inline_part(&b), Some(&encode_inline(&data)[..]));
+        // Rewriting the fields keeps the chunk.
+        let mut j = i.clone();
+        j.size = 99;
+        let b2 = j.encode_with(inline_part(&b));
+        assert_eq!(inline_chunk(&b2), Some(InlineChunk::Content(&data[..])));
+        let mut bad = b.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(inline_chunk(&bad), Some(InlineChunk::Damaged));
+        assert!(inline_is_damaged(&bad));
+        let red = redact_inline(&b);
+        assert_eq!(inline_chunk(&red), Some(InlineChunk::Redacted));
+        assert_eq!(Inode::decode(42, &red), Some(i.clone()));
+        // A record with fewer bytes after its name than a chunk's header is no record.
+        assert_eq!(Inode::decode(42, &b[..b.len() - data.len() - 1]), None);
+        let mut long = i.encode();
+        long.push(0);
+        assert_eq!(Inode::decode(42, &long), None);
     }
 
     #[test]
     fn unknown_record_version_is_refused() {
         let mut b = sample().encode();
-        b[0] = 2;
+        b[0] = 3;
         assert_eq!(Inode::decode(42, &b), None);
-        assert_eq!(Inode::decode(42, &b[..10]), None);
+        assert_eq!(Inode::decode(42, &sample().encode()[..10]), None);
     }
 }
 

@@ -1,4 +1,4 @@
-//! Write transactions: the four primitives every change goes through (`set_inode`,
+//! Write transactions: the four primitives every change goes through (`set_inode_record`,
 //! `set_dirent`, `set_filemap`, `set_orphan`) and the accessors built on them.
 //!
 //! Invariant kept here: each primitive records its change for the write-ahead log, keeps the
@@ -28,6 +28,14 @@ pub struct OpInfo {
     pub pid: u32,
     /// A lost update this operation made or was refused for (see `fs::conflicts`).
     pub conflict: Option<String>,
+}
+
+/// What `set_inode_record` writes.
+pub(super) enum InodeRecord<'a> {
+    /// These fields, with the inline chunk the stored record holds (if any).
+    Fields(&'a Inode),
+    /// This encoded record, whole (a before-image restored, an inline chunk changed).
+    Encoded(&'a [u8]),
 }
 
 /// Before-images captured while history is on (the history record is built from them).
@@ -187,8 +195,18 @@ impl WriteTxn<'_> {
 
     // ---- the four primitives ----
 
-    /// Sets or removes an inode record, keeping the usage counters in step.
+    /// Sets or removes an inode record, keeping the usage counters in step. The file's chunk
+    /// 0, when its record holds it (`set_inline`), stays there.
     pub fn set_inode(&mut self, ino: u64, new: Option<&Inode>) -> Result<(), StoreError> {
+        self.set_inode_record(ino, new.map(InodeRecord::Fields))
+    }
+
+    /// Sets or removes an inode record: the one primitive every inode change goes through.
+    pub(super) fn set_inode_record(
+        &mut self,
+        ino: u64,
+        new: Option<InodeRecord<'_>>,
+    ) -> Result<(), StoreError> {
         self.step(1);
         let mut t = self.tx.open_table(INODES).map_err(map_err)?;
         let old_bytes = t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec());
@@ -196,9 +214,19 @@ impl WriteTxn<'_> {
             Some(b) => Some(Inode::decode(ino, b).ok_or_else(|| corrupt("record", ino))?),
             None => None,
         };
-        match new {
-            Some(n) => {
-                let bytes = n.encode();
+        let new_bytes = match new {
+            Some(InodeRecord::Fields(n)) => {
+                Some(n.encode_with(old_bytes.as_deref().and_then(inline_part)))
+            }
+            Some(InodeRecord::Encoded(b)) => Some(b.to_vec()),
+            None => None,
+        };
+        let new = match &new_bytes {
+            Some(b) => Some(Inode::decode(ino, b).ok_or_else(|| corrupt("record", ino))?),
+            None => None,
+        };
+        match &new_bytes {
+            Some(bytes) => {
                 t.insert(ino, bytes.as_slice()).map_err(map_err)?;
                 redo_put(&self.redo, INODES, &ino, &bytes.as_slice());
             }
@@ -208,8 +236,8 @@ impl WriteTxn<'_> {
             }
         }
         drop(t);
-        self.track_inode(ino, old.as_ref(), new)?;
-        for (i, sign) in [(old.as_ref(), -1i64), (new, 1)] {
+        self.track_inode(ino, old.as_ref(), new.as_ref())?;
+        for (i, sign) in [(old.as_ref(), -1i64), (new.as_ref(), 1)] {
             if let Some(i) = i {
                 match i.kind {
                     Kind::File => self.usage.files += sign,
@@ -225,6 +253,33 @@ impl WriteTxn<'_> {
             });
         }
         Ok(())
+    }
+
+    /// Puts chunk 0 of file `ino` in its inode record (`data` at most `INLINE_MAX` bytes), or
+    /// takes it out (None); whether the record changed. The inode must exist.
+    pub(super) fn set_inline(&mut self, ino: u64, data: Option<&[u8]>) -> Result<bool, StoreError> {
+        let old_bytes = {
+            let t = self.tx.open_table(INODES).map_err(map_err)?;
+            t.get(ino).map_err(map_err)?.map(|v| v.value().to_vec())
+        };
+        let Some(old_bytes) = old_bytes else {
+            if data.is_none() {
+                return Ok(false);
+            }
+            return Err(StoreError::Corrupt(format!(
+                "content written to missing inode {ino}"
+            )));
+        };
+        let inode = Inode::decode(ino, &old_bytes).ok_or_else(|| corrupt("record", ino))?;
+        if data.is_none() && inline_part(&old_bytes).is_none() {
+            return Ok(false);
+        }
+        let bytes = inode.encode_with(data.map(encode_inline).as_deref());
+        if bytes == old_bytes {
+            return Ok(false);
+        }
+        self.set_inode_record(ino, Some(InodeRecord::Encoded(&bytes)))?;
+        Ok(true)
     }
 
     /// Sets or removes a directory entry.

@@ -86,6 +86,17 @@ fn verify_copy(path: &Path) -> Result<()> {
 
 fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
     let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
+    verify_open(&mut s, path)
+}
+
+/// `verify`, then `disown`, on one opening of the store (a restore's copy).
+fn verify_and_disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
+    let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
+    verify_open(&mut s, path)?;
+    crate::replica::config::disown(&s).map_err(err)
+}
+
+fn verify_open(s: &mut Store, path: &Path) -> Result<()> {
     if !s.check_integrity().map_err(err)? {
         return Err(format!("{}: redb had to repair the file", path.display()));
     }
@@ -98,13 +109,6 @@ fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// A restored store ships nowhere and claims no replica's generation (see
-/// `replica::config::disown`); the replica URLs it had.
-fn disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
-    let s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
-    crate::replica::config::disown(&s).map_err(err)
 }
 
 /// `snapshot`: a consistent copy of what `r` sees, written to a temporary name, fsynced,
@@ -306,8 +310,7 @@ fn restore_dropping_on(
     // check may write to the file it checks) and then put in place.
     let mut dropped = Vec::new();
     let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
-        verify_on(disk, &tmp)
-            .and_then(|()| disown_on(disk, &tmp))
+        verify_and_disown_on(disk, &tmp)
             .map(|urls| dropped = urls)
             .map_err(|e| {
                 e.replace(

@@ -1,10 +1,110 @@
-//! History: resolving a point (a seq, a mark, a date or a duration ago), and `log`, `show`
-//! and `diff` of what the store held at a point.
+//! History: resolving a point (a seq, a mark, a date or a duration ago), `log` a page at a
+//! time, and `show` and `diff` of what the store held at a point.
+//!
+//! Invariant kept here: a page of `log` is read from one read transaction and answers where
+//! the next page starts, so a whole log is any number of short transactions, each ended
+//! before its page is printed or sent.
 
+use serde::{Deserialize, Serialize};
 use similar::TextDiff;
 
 use super::common::{Result, err, lookup_path, parse_date, parse_duration, read_content};
-use crate::store::{Kind, ReadTxn, TreeView, now_ns};
+use crate::store::{HistoryRecord, Kind, LogCursor, ReadTxn, TreeView, now_ns};
+
+/// The most records one page of `log` holds, whatever it asks for: the memory a page takes
+/// (in the daemon and in its answer) stays bounded however long the history.
+pub const LOG_PAGE_MAX: u64 = 10_000;
+
+/// A `log` request (`{"op":"log", ...}` on the control socket): the whole store's log or
+/// `path`'s, records no older than `since` (a point, resolved by the first page) or
+/// `since_ns` (resolved already), at most `limit` of them, from `cursor` (None: the newest).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub since: Option<String>,
+    #[serde(default)]
+    pub since_ns: Option<i64>,
+    #[serde(default)]
+    pub limit: Option<u64>,
+    #[serde(default)]
+    pub cursor: Option<LogCursor>,
+}
+
+/// One page of `log`: records newest first; where the next page starts (None: the log is
+/// complete); the `since` bound as the first page resolved it, which later pages reuse so a
+/// duration ago (`1h`) names one instant for the whole log; and the newest seq.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LogPage {
+    pub records: Vec<HistoryRecord>,
+    pub cursor: Option<LogCursor>,
+    pub since_ns: Option<i64>,
+    pub last_seq: u64,
+}
+
+impl LogQuery {
+    /// The query that reads the page after `page`, with `limit` records at most.
+    pub fn after(&self, page: &LogPage, limit: u64) -> LogQuery {
+        LogQuery {
+            since_ns: page.since_ns,
+            cursor: page.cursor.clone(),
+            limit: Some(limit),
+            ..self.clone()
+        }
+    }
+}
+
+/// Records in the first page of a whole log (its first line comes at once); each later page
+/// holds ten times more, up to `LOG_PAGE_MAX`.
+const LOG_PAGE_FIRST: u64 = 100;
+
+/// Reads the log `q` asks for page by page: `read` reads the page a query names (each in a
+/// read transaction of its own on the daemon), `on_page` hears it, with whether it is the
+/// last, and says whether to go on.
+pub fn log_pages(
+    q: &LogQuery,
+    mut read: impl FnMut(&LogQuery) -> Result<LogPage>,
+    mut on_page: impl FnMut(&LogPage, bool) -> Result<bool>,
+) -> Result<()> {
+    let mut left = q.limit.unwrap_or(u64::MAX);
+    let mut size = LOG_PAGE_FIRST;
+    let mut q = LogQuery {
+        limit: Some(size.min(left)),
+        ..q.clone()
+    };
+    loop {
+        let page = read(&q)?;
+        left = left.saturating_sub(page.records.len() as u64);
+        let last = page.cursor.is_none() || left == 0;
+        if !on_page(&page, last)? || last {
+            return Ok(());
+        }
+        size = (size * 10).min(LOG_PAGE_MAX);
+        q = q.after(&page, size.min(left));
+    }
+}
+
+/// One page of `log` (at most `LOG_PAGE_MAX` records) from one read transaction.
+pub fn log_page(r: &ReadTxn, q: &LogQuery) -> Result<LogPage> {
+    let since_ns = match (q.since_ns, q.since.as_deref()) {
+        (Some(ns), _) => Some(ns),
+        (None, Some(spec)) => Some(point_time(r, spec)?),
+        (None, None) => None,
+    };
+    let cursor = match &q.cursor {
+        Some(c) => c.clone(),
+        None => LogCursor::start(q.path.as_deref()),
+    };
+    let limit = q.limit.unwrap_or(LOG_PAGE_MAX).min(LOG_PAGE_MAX) as usize;
+    let (records, cursor) = r.history_page(&cursor, since_ns, limit).map_err(err)?;
+    Ok(LogPage {
+        records,
+        cursor,
+        since_ns,
+        last_seq: r.last_seq().map_err(err)?,
+    })
+}
 
 /// Resolves a point in history: a seq number (`42` or `@42`), a mark name, or a time
 /// (`2026-01-31`, `2026-01-31T08:00:00Z`, or `30m` / `2h` / `1d` ago). The point is the state
@@ -107,7 +207,7 @@ fn unified(a: &str, b: &str, a_label: &str, b_label: &str) -> String {
 }
 
 /// The time of a point given as a time, or of the record a seq or mark names.
-pub(super) fn point_time(r: &ReadTxn, spec: &str) -> Result<i64> {
+fn point_time(r: &ReadTxn, spec: &str) -> Result<i64> {
     if let Ok(ago) = parse_duration(spec)
         && spec.ends_with(|c: char| c.is_ascii_alphabetic())
     {

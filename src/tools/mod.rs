@@ -20,7 +20,9 @@ pub use backup::{
     snapshot_subtree, verify,
 };
 pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
-pub use history::{at_point, diff, resolve_point, show_at};
+pub use history::{
+    LOG_PAGE_MAX, LogPage, LogQuery, at_point, diff, log_page, log_pages, resolve_point, show_at,
+};
 pub use inspection::{DuInfo, StatsInfo, cat, du, ls, quotas, stats};
 pub use maintenance::{remove_files, repair, unused_since};
 pub use request::{content_of, history_change, query};

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::backup::{snapshot, snapshot_subtree};
 use super::common::{Result, err, tree};
-use super::history::{at_point, diff, point_time, resolve_point, show_at};
+use super::history::{LogQuery, at_point, diff, log_page, resolve_point, show_at};
 use super::inspection::{cat, du, ls, quotas, stats};
 use super::maintenance::unused_since;
 use crate::store::ReadTxn;
@@ -32,20 +32,9 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
         "quotas" => json!({"quotas": quotas(r)?}),
         "check" => json!({"findings": crate::check::invariants(r).map_err(err)?}),
         "log" => {
-            let since = match req.get("since").and_then(Value::as_str) {
-                Some(spec) => Some(point_time(r, spec)?),
-                None => None,
-            };
-            // One page: from the answer's "cursor" of the previous page, if any.
-            let cursor = match req.get("cursor").filter(|c| !c.is_null()) {
-                Some(c) => serde_json::from_value(c.clone())
-                    .map_err(|e| format!("log: bad \"cursor\": {e}"))?,
-                None => crate::store::LogCursor::start(req.get("path").and_then(Value::as_str)),
-            };
-            let limit = req.get("limit").and_then(Value::as_u64).unwrap_or(u64::MAX);
-            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-            let (recs, next) = r.history_page(&cursor, since, limit).map_err(err)?;
-            json!({"records": recs, "cursor": next, "last_seq": r.last_seq().map_err(err)?})
+            let q: LogQuery =
+                serde_json::from_value(req.clone()).map_err(|e| format!("log: {e}"))?;
+            serde_json::to_value(log_page(r, &q)?).map_err(err)?
         }
         "show" => {
             let seq = resolve_point(

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::super::common::{Result, err, lookup_path};
 use crate::fs::{Limits, Name};
-use crate::store::{CHUNK_SIZE, Inode, Kind, Store, Sync, WriteTxn, now_ns};
+use crate::store::{Inode, Kind, Store, Sync, WriteTxn, now_ns};
 
 /// What `import` did.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -276,10 +276,7 @@ fn add_entry(
     }
     let data = staging.get(e.content)?;
     inode.size = data.len() as u64;
-    for (idx, chunk) in data.chunks(CHUNK_SIZE as usize).enumerate() {
-        w.put_chunk(inode.ino, idx as u64, chunk).map_err(err)?;
-    }
-    w.put_inode(&inode).map_err(err)?;
+    w.put_file(&inode, &data).map_err(err)?;
     w.put_dirent(parent, &e.name, inode.ino, e.kind)
         .map_err(err)?;
     report.files += 1;
