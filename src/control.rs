@@ -189,6 +189,7 @@ impl Daemon {
                 "buffered_bytes": buffered,
                 "commits": commits,
                 "log_bytes": log_bytes,
+                "commit_stats": fs.store().commit_stats(),
                 "poisoned": fs.is_poisoned(),
                 "read_only": fs.is_read_only(),
                 "read_only_why": fs.store().frozen(),

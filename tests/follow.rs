@@ -44,8 +44,9 @@ fn shipped_after(
 /// Without a mount: a follower's store (a copy of the writer's, frozen) applies each batch
 /// of the writer's commits in one transaction and says what it changed; a handle opened
 /// before a replace by rename keeps reading the version it opened (and fstat answers from
-/// it), the replaced inode answers ESTALE once let go, the name gives the new version, and
-/// every change is refused as read-only.
+/// it); a lookup made before that batch still opens what it found until the next batch, then
+/// the replaced inode answers ESTALE; the name gives the new version, and every change is
+/// refused as read-only.
 #[test]
 fn a_followers_store_applies_batches_and_keeps_open_versions() {
     use redbfs::fs::{Error, Fs, Limits, OpenMode};
@@ -88,7 +89,7 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
     write(".tmp-1", b"second version, longer");
     w.rename(ME, ROOT_INO, b".tmp-1", ROOT_INO, b"a.md", 0)
         .unwrap();
-    let (_, batch) = shipped_after(feed, at);
+    let (at, batch) = shipped_after(feed, at);
     let changed = f.store().apply_shipped(&batch, &[]).unwrap();
     assert!(changed.inodes.contains(&old.ino), "{changed:?}");
     f.changed_outside(changed);
@@ -99,6 +100,15 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
         "fstat of the open version"
     );
     f.release(fh).unwrap();
+    // The kernel looked `a.md` up before the batch and opens it after: it reads what it found.
+    assert_eq!(f.getattr(old.ino).unwrap().size, 13);
+    let fh = f.open(ME, old.ino, OpenMode::default()).unwrap();
+    assert_eq!(f.read(fh, 0, 4096).unwrap(), b"first version");
+    f.release(fh).unwrap();
+    // One batch later that version is let go: ESTALE, and the kernel looks the name up again.
+    write("b.md", b"another");
+    let (_, batch) = shipped_after(feed, at);
+    f.changed_outside(f.store().apply_shipped(&batch, &[]).unwrap());
     assert!(matches!(f.getattr(old.ino), Err(Error::Stale)));
     assert!(matches!(
         f.open(ME, old.ino, OpenMode::default()),

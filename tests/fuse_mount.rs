@@ -140,6 +140,15 @@ fn content_survives_unmount_and_a_killed_daemon() {
         st["log_bytes"].as_u64().unwrap() > 0 && st["commits"].as_u64().unwrap() > 0,
         "b.md's content commit is in the write-ahead log: {st}"
     );
+    // The fsync waited for the log: status counts the commit and the sync that covered it.
+    let (durable, syncs) = (
+        st["commit_stats"]["durable_commits"].as_u64().unwrap(),
+        st["commit_stats"]["log_syncs"].as_u64().unwrap(),
+    );
+    assert!(
+        durable > 0 && syncs > 0 && syncs <= durable,
+        "commit counts: {st}"
+    );
     let pid = st["pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),

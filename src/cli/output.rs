@@ -174,6 +174,12 @@ pub(super) fn status(v: &Value, f: Format) {
             v["log_bytes"],
             v["commits"]
         );
+        if let Some(durable) = v["commit_stats"]["durable_commits"].as_u64() {
+            outln!(
+                "syncs:      {} fdatasyncs of the log for {durable} durable commits since mount",
+                v["commit_stats"]["log_syncs"]
+            );
+        }
         outln!(
             "conflicts:  {} since mount (--lost-updates {})",
             v["conflicts"],

@@ -59,9 +59,17 @@ impl Fs {
         let inode = match self.store.read()?.inode(ino)? {
             Some(i) => i,
             // A follower's batch took it: an open handle still reads the version it opened
-            // (fstat answers from it); otherwise the kernel looks the path up again.
+            // (fstat answers from it), and a lookup made just before the last batch finds
+            // what it looked up; otherwise the kernel looks the path up again.
             None if self.store.frozen().is_some() => {
-                return self.pinned_inode(ino)?.ok_or(Error::Stale);
+                let held = match self.pinned_inode(ino)? {
+                    Some(i) => Some(i),
+                    None => match self.store.before_last_batch() {
+                        Some(before) => before.inode(ino)?,
+                        None => None,
+                    },
+                };
+                return held.ok_or(Error::Stale);
             }
             None => return Err(Error::NotFound),
         };
@@ -186,7 +194,7 @@ impl Fs {
             // write's times over these ones in between.
             let open = lock(&self.files).get(&ino).cloned();
             let mut content = open.as_ref().map(|f| lock(&f.content));
-            let mut w = self.store.write()?;
+            let mut w = self.store.write_by(caller.pid)?;
             let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
             if let Some(m) = a.mode {
                 inode.perm = m & 0o7777;

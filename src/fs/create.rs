@@ -129,7 +129,7 @@ impl Fs {
     ) -> Result<(Inode, u64)> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(caller.pid)?;
         let mut p = Self::parent_dir(&w, parent)?;
         let inode = self.new_inode(&mut w, caller, &mut p, &name, kind, perm)?;
         let op = match kind {

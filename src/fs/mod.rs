@@ -234,7 +234,7 @@ struct Handle {
 
 /// A read transaction kept by an open handle, and the file's size in it.
 struct Pinned {
-    txn: crate::store::ReadTxn,
+    txn: Arc<crate::store::ReadTxn>,
     size: u64,
 }
 

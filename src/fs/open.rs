@@ -6,6 +6,12 @@ use super::*;
 impl Fs {
     /// Registers one more user of `ino`'s buffered content.
     pub(super) fn acquire(&self, ino: u64) -> Result<Arc<FileSlot>> {
+        self.acquire_or(ino, None)
+    }
+
+    /// `acquire`, or, for an inode the store no longer holds, a slot made from `pinned` (a
+    /// follower's earlier version that a handle will read from).
+    fn acquire_or(&self, ino: u64, pinned: Option<&Pinned>) -> Result<Arc<FileSlot>> {
         let mut map = lock(&self.files);
         let f = match map.get(&ino) {
             Some(f) => f.clone(),
@@ -15,7 +21,11 @@ impl Fs {
                 if self.lifetimes.is_deleting(ino) {
                     return Err(Error::NotFound);
                 }
-                let inode = self.store.read()?.inode(ino)?.ok_or(Error::NotFound)?;
+                let inode = match (self.store.read()?.inode(ino)?, pinned) {
+                    (Some(i), _) => i,
+                    (None, Some(p)) => p.txn.inode(ino)?.ok_or(Error::NotFound)?,
+                    (None, None) => return Err(Error::NotFound),
+                };
                 if inode.kind == Kind::Dir {
                     return Err(Error::IsDir);
                 }
@@ -171,7 +181,7 @@ impl Fs {
             return Ok(());
         }
         self.writable()?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(g.last_writer.pid)?;
         self.describe(
             &mut w,
             g.last_writer,
@@ -202,11 +212,7 @@ impl Fs {
             self.writable()?;
         }
         let pinned = self.pin_version(ino)?;
-        let f = match self.acquire(ino) {
-            // A batch took it between the pin and here: the kernel looks the path up again.
-            Err(Error::NotFound) if pinned.is_some() => return Err(Error::Stale),
-            other => other?,
-        };
+        let f = self.acquire_or(ino, pinned.as_deref())?;
         let stored = match self.store.read().and_then(|r| r.inode(ino)) {
             Ok(i) => i,
             Err(e) => {
@@ -376,14 +382,23 @@ impl Fs {
     }
 
     /// On a frozen store (a follower's, which changes only by whole batches from its
-    /// writer): the store as it is now, for a handle to read `ino` from; Stale when the
-    /// inode went with a batch since the kernel looked it up.
+    /// writer): the store as it is now, for a handle to read `ino` from; or, when the last
+    /// batch took the inode after the kernel looked it up, the store before that batch (what
+    /// the lookup found, as a local disk keeps a replaced inode for its holder). Stale when
+    /// neither holds it (several batches since the lookup): the kernel looks the path up again.
     fn pin_version(&self, ino: u64) -> Result<Option<Arc<Pinned>>> {
         if self.store.frozen().is_none() {
             return Ok(None);
         }
-        let txn = self.store.read()?;
-        let inode = txn.inode(ino)?.ok_or(Error::Stale)?;
+        let now = self.store.read()?;
+        let (txn, inode) = match now.inode(ino)? {
+            Some(i) => (Arc::new(now), i),
+            None => {
+                let before = self.store.before_last_batch().ok_or(Error::Stale)?;
+                let i = before.inode(ino)?.ok_or(Error::Stale)?;
+                (before, i)
+            }
+        };
         if inode.kind == Kind::Dir {
             return Err(Error::IsDir);
         }

@@ -65,7 +65,7 @@ impl Fs {
     pub fn unlink(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(caller.pid)?;
         let p = Self::parent_dir(&w, parent)?;
         let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
         if kind == Kind::Dir {
@@ -87,7 +87,7 @@ impl Fs {
     pub fn rmdir(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(caller.pid)?;
         let mut p = Self::parent_dir(&w, parent)?;
         let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
         if kind != Kind::Dir {

@@ -139,7 +139,7 @@ impl Fs {
         }
         let name = self.parse_name(raw_name)?;
         let new_name = self.parse_name(raw_new_name)?;
-        let mut w = self.store.write()?;
+        let mut w = self.store.write_by(caller.pid)?;
         Self::parent_dir(&w, parent)?;
         Self::parent_dir(&w, new_parent)?;
         let (src, src_kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;

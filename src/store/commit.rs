@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use super::redo::redo_put;
 use super::schema::*;
 use super::write::WriteTxn;
-use super::{Store, StoreError, Sync, fault, map_err, now_ns, wal};
+use super::{CommitStats, Store, StoreError, Sync, fault, map_err, now_ns, wal};
 
 /// Below this much free disk, history is dropped after each commit: current content first.
 const SHED_HISTORY_BELOW: u64 = 4 * 1024 * 1024;
@@ -138,6 +138,19 @@ impl Store {
             });
         if spawned.is_err() {
             self.preflushing.store(false, Ordering::Release);
+        }
+    }
+
+    /// How commits have reached the disk since the store opened: commits whose caller waited
+    /// for the log, and the fdatasyncs of the log that made them durable. Fewer syncs than
+    /// such commits means concurrent commits shared syncs (group commit).
+    pub fn commit_stats(&self) -> CommitStats {
+        CommitStats {
+            durable_commits: self.durable_commits.load(Ordering::Relaxed),
+            log_syncs: match self.wal.get() {
+                Some(Some(wal)) => wal.syncs(),
+                _ => 0,
+            },
         }
     }
 
@@ -315,6 +328,7 @@ impl WriteTxn<'_> {
                 return Err(e);
             }
             pending.checkpointed(seq);
+            wal.covered(seq);
             // The replicas' feeds outside the log's lock, which every committer waits for.
             drop(pending);
             store.tap(seq, redo);
@@ -343,6 +357,7 @@ impl WriteTxn<'_> {
         }
         store.injected_panic(fault::PanicAt::Committed);
         if sync == Sync::Durable {
+            store.durable_commits.fetch_add(1, Ordering::Relaxed);
             wal.sync_to(seq)?;
         }
         gap.armed = false;

@@ -10,13 +10,14 @@
 //! `meta` keys, written in the same transaction).
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::redo::replay_noting;
 use super::schema::*;
-use super::{Store, StoreError, VerifiedRecord, map_err};
+use super::{ReadTxn, Store, StoreError, VerifiedRecord, map_err};
 
 /// What a transaction applied from a replica changed: the entries (parent, name) added,
 /// removed or replaced, and the inodes whose attributes or content changed.
@@ -94,6 +95,25 @@ impl Store {
             .clone()
     }
 
+    /// A follower's store as it stood before its last batch (until the next one): the version
+    /// a name pointed to when the kernel looked it up just before that batch replaced or
+    /// removed it, so an `open` through that lookup reads what it found, as a local disk keeps
+    /// a replaced inode for whoever holds it. At most one extra version is pinned.
+    pub fn before_last_batch(&self) -> Option<Arc<ReadTxn>> {
+        self.before_batch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Keeps `before` (read before a batch that changed something) as the version before the
+    /// last batch, once the batch committed.
+    fn keep_before(&self, before: Option<ReadTxn>) {
+        if let Some(before) = before {
+            *self.before_batch.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(before));
+        }
+    }
+
     /// Applies verified `records` (in order, the first following this store's last commit)
     /// in one durable transaction, with the follower's own `meta` keys `local` put in it too; the
     /// store then holds the last record's commit number. What the batch changed.
@@ -110,6 +130,7 @@ impl Store {
                 "a batch starting at commit {first} does not follow commit {at}"
             )));
         }
+        let before = (!records.is_empty()).then(|| self.read()).transpose()?;
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let mut last = at;
@@ -128,6 +149,7 @@ impl Store {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
         self.commits.store(last, Ordering::Release);
+        self.keep_before(before);
         Ok(changed.finish())
     }
 
@@ -142,6 +164,7 @@ impl Store {
     ) -> Result<Changed, StoreError> {
         let src = Database::builder().open(snapshot).map_err(map_err)?;
         let src = src.begin_read().map_err(map_err)?;
+        let before = self.read()?;
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let keep: Vec<&str> = local
@@ -173,6 +196,7 @@ impl Store {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
         self.commits.store(commit, Ordering::Release);
+        self.keep_before(Some(before));
         Ok(changed.finish())
     }
 }

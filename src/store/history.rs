@@ -33,7 +33,7 @@ impl Store {
 
     /// The name of process `pid` now, from the same read of /proc that gives its start
     /// time: never a name cached for the pid, which a new process may have been handed since.
-    fn process_name(&self, pid: u32) -> String {
+    pub(super) fn process_name(&self, pid: u32) -> String {
         crate::process::stat(pid)
             .map(|s| s.name)
             .unwrap_or_default()
@@ -745,10 +745,10 @@ impl WriteTxn<'_> {
                 uid: info.uid,
                 gid: info.gid,
                 pid: info.pid,
-                comm: if info.pid != 0 {
-                    self.store.process_name(info.pid)
-                } else {
-                    String::new()
+                comm: match self.comm.take() {
+                    Some((pid, name)) if pid == info.pid => name,
+                    _ if info.pid != 0 => self.store.process_name(info.pid),
+                    _ => String::new(),
                 },
                 redacted: false,
                 undo: c.undo,

@@ -43,7 +43,7 @@ mod write;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::Database;
 
@@ -178,6 +178,16 @@ pub enum Sync {
     Deferred,
 }
 
+/// How commits reached the disk since the store opened (`Store::commit_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CommitStats {
+    /// Commits through the write-ahead log whose caller waited for them to be durable.
+    pub durable_commits: u64,
+    /// fdatasyncs of the log: each makes every record appended before it durable, so
+    /// concurrent durable commits share one.
+    pub log_syncs: u64,
+}
+
 /// Counts kept in `meta`, for status, statfs and quotas.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Usage {
@@ -218,6 +228,8 @@ pub struct Store {
     disk_free: AtomicU64,
     /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
     commit_steps: AtomicU64,
+    /// Commits through the log that waited for it (see `Store::commit_stats`).
+    durable_commits: AtomicU64,
     /// The store file, opened to flush it ahead of checkpoints (see `Store::preflush`), and
     /// whether a flush runs now.
     preflush: OnceLock<Option<std::sync::Arc<std::fs::File>>>,
@@ -230,6 +242,9 @@ pub struct Store {
     /// Why `write` refuses although the file is writable (a follower's store, which only its
     /// follower changes; a writer fenced by a newer one): see `Store::freeze`.
     frozen: Mutex<Option<String>>,
+    /// A follower's store as it stood before its last batch, kept until the next one (see
+    /// `Store::before_last_batch`).
+    before_batch: Mutex<Option<Arc<ReadTxn>>>,
     /// Operations the per-directory aggregates did (see `subtree`).
     subtree_work: AtomicU64,
 }

@@ -76,11 +76,13 @@ impl Store {
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
             commit_steps: AtomicU64::new(0),
+            durable_commits: AtomicU64::new(0),
             preflush: OnceLock::new(),
             preflushing: Default::default(),
             failed: std::sync::atomic::AtomicBool::new(false),
             feeds: OnceLock::new(),
             frozen: Mutex::new(None),
+            before_batch: Mutex::new(None),
             subtree_work: AtomicU64::new(0),
         }
     }

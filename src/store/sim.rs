@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Sectors a write may be torn at.
 const SECTOR: u64 = 512;
@@ -198,6 +198,9 @@ fn dir_of(path: &Path) -> PathBuf {
 #[derive(Debug, Default)]
 pub struct SimDisk {
     state: Mutex<State>,
+    /// While true, a sync of the write-ahead log waits (see `hold_log_syncs`).
+    log_syncs_held: Mutex<bool>,
+    log_syncs_released: Condvar,
 }
 
 impl SimDisk {
@@ -227,7 +230,35 @@ impl SimDisk {
                 phase: "",
                 ..State::default()
             }),
+            ..SimDisk::default()
         })
+    }
+
+    /// Holds every sync of the write-ahead log (`*.wal`) at its start until called again with
+    /// false: the group-commit tests queue writers behind a sync in flight this way, without
+    /// depending on how fast anything runs.
+    pub fn hold_log_syncs(&self, hold: bool) {
+        *self
+            .log_syncs_held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = hold;
+        self.log_syncs_released.notify_all();
+    }
+
+    fn wait_if_held(&self, name: &str) {
+        if !name.ends_with(".wal") {
+            return;
+        }
+        let mut held = self
+            .log_syncs_held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        while *held {
+            held = self
+                .log_syncs_released
+                .wait(held)
+                .unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -498,6 +529,7 @@ impl SimFile {
     }
 
     pub fn sync(&self) -> std::io::Result<()> {
+        self.disk.wait_if_held(&self.name);
         let id = self.id;
         self.disk.call(
             &self.name,

@@ -9,6 +9,13 @@
 //! are appended to this log as one record. A durable commit waits for one `fdatasync` of the
 //! log: one or two pages, shared by every commit that queued meanwhile (group commit).
 //!
+//! Group commit: one caller at a time is the leader, which takes every record appended so
+//! far, writes and fdatasyncs them holding no lock, then wakes every waiter; a waiter whose
+//! record that sync covered returns, and one of the others leads the next sync for all of
+//! them. A caller whose record is already durable returns at once, without waiting for a sync
+//! in flight (a close after an fsync, which has nothing left to sync, never waits behind
+//! another process's fsync).
+//!
 //! A checkpoint is a durable redb commit; it covers every record before it, and the log then
 //! starts again at offset 0. A record too large for the log (a big file's content) is
 //! committed as a checkpoint itself, so its bytes are written once.
@@ -27,8 +34,8 @@
 //! (another id) all end the log there.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::StoreError;
 use super::disk::{Disk, LogFile};
@@ -211,12 +218,28 @@ pub(super) struct Wal {
     path: PathBuf,
     faults: Option<Arc<FaultPlan>>,
     pending: Mutex<Pending>,
-    /// The last sequence number written and fdatasynced. Held while a sync runs, so durable
-    /// commits that arrive meanwhile wait and share the next one.
-    synced: Mutex<u64>,
+    /// Whether a leader is writing and syncing now; never held across the sync itself.
+    syncing: Mutex<bool>,
+    /// Signalled when a sync ends (or fails), for the callers waiting on `syncing`.
+    synced_cv: Condvar,
+    /// The last sequence number written and fdatasynced (or covered by a checkpoint): read
+    /// without a lock, raised only once the sync that covers it has returned.
+    synced: AtomicU64,
     /// A write or fdatasync of the log failed: what the page cache holds is unknown, so every
     /// later commit is refused until the store is opened again.
     failed: AtomicBool,
+    /// fdatasyncs of the log since it started (see `Store::commit_stats`).
+    syncs: AtomicU64,
+}
+
+/// The leader of a sync: gives the lead back and wakes every waiter when dropped.
+struct Leading<'a>(&'a Wal);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.syncing) = false;
+        self.0.synced_cv.notify_all();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -266,8 +289,11 @@ impl Wal {
                 last,
                 checkpointed: last,
             }),
-            synced: Mutex::new(last),
+            syncing: Mutex::new(false),
+            synced_cv: Condvar::new(),
+            synced: AtomicU64::new(last),
             failed: AtomicBool::new(false),
+            syncs: AtomicU64::new(0),
         })
     }
 
@@ -298,18 +324,44 @@ impl Wal {
         Ok(guard)
     }
 
-    /// Makes record `seq` and every record before it durable. Callers that arrive while a
-    /// sync runs wait for it; the next sync writes everything appended meanwhile, for all of
-    /// them, with one fdatasync.
+    /// Makes record `seq` and every record before it durable. A caller that arrives while a
+    /// sync runs waits for it; if that sync did not cover its record, the next one, which one
+    /// of the waiters leads for all of them, does: one fdatasync for many commits. A record
+    /// already durable returns at once.
     pub(super) fn sync_to(&self, seq: u64) -> Result<(), StoreError> {
-        let mut synced = lock(&self.synced);
-        self.check()?;
-        if *synced >= seq {
+        if self.synced.load(Ordering::Acquire) >= seq {
             return Ok(());
         }
+        let mut syncing = lock(&self.syncing);
+        loop {
+            // The log's state is read again after every wait: the sync may have failed.
+            self.check()?;
+            if self.synced.load(Ordering::Acquire) >= seq {
+                return Ok(());
+            }
+            if !*syncing {
+                break;
+            }
+            syncing = self
+                .synced_cv
+                .wait(syncing)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        // The leader: every record appended so far goes in this one sync. The guard hands
+        // the lead back and wakes the waiters however `lead` ends.
+        *syncing = true;
+        drop(syncing);
+        let _handback = Leading(self);
+        self.lead(seq)
+    }
+
+    /// Writes every record appended so far and fdatasyncs them, as the one leader; raises
+    /// `synced` once they are on disk.
+    fn lead(&self, seq: u64) -> Result<(), StoreError> {
         let (buf, offset, upto) = {
             let mut p = self.pending()?;
             if p.checkpointed >= seq {
+                // A checkpoint (a durable redb commit) covered it.
                 return Ok(());
             }
             let buf = std::mem::take(&mut p.buf);
@@ -318,12 +370,24 @@ impl Wal {
             (buf, offset, p.last)
         };
         let result = self.write_at(&buf, offset).and_then(|()| self.sync_data());
+        self.syncs.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = result {
             self.fail();
             return Err(io("writing the log", &self.path, e));
         }
-        *synced = upto;
+        self.synced.fetch_max(upto, Ordering::AcqRel);
         Ok(())
+    }
+
+    /// fdatasyncs of the log since it started.
+    pub(super) fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+
+    /// Commit `seq` was a checkpoint, durable in the store file: it and every record before
+    /// it need no sync of the log. Called under the pending lock, after `Pending::checkpointed`.
+    pub(super) fn covered(&self, seq: u64) {
+        self.synced.fetch_max(seq, Ordering::AcqRel);
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {

@@ -83,6 +83,9 @@ pub struct WriteTxn<'s> {
     /// The first inode number this transaction handed out: inodes from it on did not exist
     /// before, and history's index leaves their keys out (see `history::index_entries`).
     pub(super) new_inos_from: std::cell::Cell<Option<u64>>,
+    /// The name of a process read before the transaction began (`Store::write_by`): (pid,
+    /// name), taken by the history record of an operation of that pid.
+    pub(super) comm: Option<(u32, String)>,
 }
 
 impl Store {
@@ -93,6 +96,16 @@ impl Store {
             return Err(StoreError::ReadOnly);
         }
         self.write_any()
+    }
+
+    /// `write`, for an operation of process `pid`: with history on, the process's name for
+    /// the history record is read from /proc before the write lock is taken, not while every
+    /// other writer waits for it.
+    pub fn write_by(&self, pid: u32) -> Result<WriteTxn<'_>, StoreError> {
+        let comm = (pid != 0 && self.history_on()).then(|| (pid, self.process_name(pid)));
+        let mut w = self.write()?;
+        w.comm = comm;
+        Ok(w)
     }
 
     /// `write`, on a frozen store too: a checkpoint changes nothing the store holds.
@@ -119,6 +132,7 @@ impl Store {
             steps: std::cell::Cell::new(0),
             agg: Default::default(),
             new_inos_from: std::cell::Cell::new(None),
+            comm: None,
         })
     }
 
