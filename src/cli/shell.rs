@@ -37,7 +37,7 @@ pub(super) fn man(a: Man) -> Result<i32, String> {
                 })
                 .map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        for c in std::iter::once(&cmd).chain(cmd.get_subcommands()) {
+        for c in std::iter::once(&cmd).chain(cmd.get_subcommands().filter(|c| !c.is_hide_set())) {
             let man = page(c);
             let mut out = Vec::new();
             man.render(&mut out).map_err(|e| e.to_string())?;

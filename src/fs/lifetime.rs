@@ -7,6 +7,11 @@
 //! committed content and attributes; it is deleted when the last reference and the last
 //! handle are gone. libfuse keeps the same count per node (`nlookup`).
 //!
+//! Memory: an entry exists only for an inode the kernel references, an orphan, or one being
+//! deleted, and is a key and one packed word; the table shrinks when the kernel lets go of
+//! most of them, so a walk of a million files costs tens of megabytes only while the kernel
+//! keeps their dentries.
+//!
 //! Invariants kept here, all under one mutex:
 //! - an inode is deleted only once `claim` or `start_reclaim` marked it `deleting`, which
 //!   each does only with no kernel reference and no open handle;
@@ -20,27 +25,84 @@ use std::sync::Mutex;
 
 use super::lock;
 
-#[derive(Debug, Default)]
-struct Refs {
-    /// References the kernel holds: entry replies counted, FORGETs subtracted.
-    lookups: u64,
-    /// The inode has no name left (committed or being committed).
-    orphan: bool,
-    /// A transaction deleting the inode is staged; no new reference may be taken.
-    deleting: bool,
-}
+/// One inode's state, packed in a word: the kernel can reference every inode of a store of
+/// millions (its dentry cache is bounded only by memory), so an entry is a key and one `u64`
+/// (16 bytes, plus the map's control byte), not a struct padded to 24.
+///
+/// The low 62 bits count the references the kernel holds (entry replies counted, FORGETs
+/// subtracted); `ORPHAN` says the inode has no name left (committed or being committed);
+/// `DELETING` that a transaction deleting it is staged, so no new reference may be taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Refs(u64);
 
 impl Refs {
-    fn idle(&self) -> bool {
-        self.lookups == 0 && !self.orphan && !self.deleting
+    const ORPHAN: u64 = 1 << 62;
+    const DELETING: u64 = 1 << 63;
+    const LOOKUPS: u64 = Self::ORPHAN - 1;
+
+    fn lookups(self) -> u64 {
+        self.0 & Self::LOOKUPS
+    }
+
+    fn orphan(self) -> bool {
+        self.0 & Self::ORPHAN != 0
+    }
+
+    fn deleting(self) -> bool {
+        self.0 & Self::DELETING != 0
+    }
+
+    /// Adds `n` references; a count that would reach 2^62 (never, at one reply per
+    /// reference) stays at its maximum rather than spill into the flags.
+    fn add(&mut self, n: u64) {
+        let lookups = self.lookups().saturating_add(n).min(Self::LOOKUPS);
+        self.0 = (self.0 & !Self::LOOKUPS) | lookups;
+    }
+
+    fn sub(&mut self, n: u64) {
+        self.0 = (self.0 & !Self::LOOKUPS) | self.lookups().saturating_sub(n);
+    }
+
+    fn set(&mut self, flag: u64, on: bool) {
+        if on {
+            self.0 |= flag;
+        } else {
+            self.0 &= !flag;
+        }
+    }
+
+    fn idle(self) -> bool {
+        self.0 == 0
     }
 }
 
+/// Below this many slots the map is never shrunk: small maps cost nothing worth returning.
+const MIN_SHRINK_CAPACITY: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Table {
+    /// Only inodes the kernel references, orphans and inodes being deleted have an entry.
     refs: HashMap<u64, Refs>,
     /// Deletions committed so far; a reader compares it across its read (see `pin`).
     deletions: u64,
+}
+
+impl Table {
+    /// Removes `ino`'s entry once it holds nothing, and gives memory back when the kernel
+    /// has let go of most inodes (a walk of a large store, then its dentries evicted):
+    /// a hash map keeps its largest size otherwise. Shrinking to twice the entries at a
+    /// quarter full keeps the work amortised constant per removal.
+    fn drop_if_idle(&mut self, ino: u64) {
+        if let Entry::Occupied(e) = self.refs.entry(ino)
+            && e.get().idle()
+        {
+            e.remove();
+            let cap = self.refs.capacity();
+            if cap > MIN_SHRINK_CAPACITY && self.refs.len() < cap / 4 {
+                self.refs.shrink_to(self.refs.len() * 2);
+            }
+        }
+    }
 }
 
 /// What `pin` found.
@@ -81,31 +143,28 @@ impl Lifetimes {
         let mut t = lock(&self.table);
         let stale = t.deletions != epoch;
         let r = t.refs.entry(ino).or_default();
-        if r.deleting {
+        if r.deleting() {
             return Pin::Deleting;
         }
-        r.lookups += 1;
+        r.add(1);
         if stale { Pin::Unsure } else { Pin::Held }
     }
 
     /// Counts one reference to an inode this transaction creates (no one else can see it yet).
     pub fn pin_new(&self, ino: u64) {
-        lock(&self.table).refs.entry(ino).or_default().lookups += 1;
+        lock(&self.table).refs.entry(ino).or_default().add(1);
     }
 
     /// The kernel returned `n` references (FORGET). True when that leaves an orphan without
     /// references, which the caller then reclaims unless it is open.
     pub fn forget(&self, ino: u64, n: u64) -> bool {
         let mut t = lock(&self.table);
-        let Entry::Occupied(mut e) = t.refs.entry(ino) else {
+        let Some(r) = t.refs.get_mut(&ino) else {
             return false;
         };
-        let r = e.get_mut();
-        r.lookups = r.lookups.saturating_sub(n);
-        let reclaim = r.lookups == 0 && r.orphan && !r.deleting;
-        if r.idle() {
-            e.remove();
-        }
+        r.sub(n);
+        let reclaim = r.lookups() == 0 && r.orphan() && !r.deleting();
+        t.drop_if_idle(ino);
         reclaim
     }
 
@@ -114,11 +173,11 @@ impl Lifetimes {
     pub fn claim(&self, ino: u64, open: bool) -> Claim {
         let mut t = lock(&self.table);
         let r = t.refs.entry(ino).or_default();
-        if open || r.lookups > 0 {
-            r.orphan = true;
+        if open || r.lookups() > 0 {
+            r.set(Refs::ORPHAN, true);
             Claim::Orphan
         } else {
-            r.deleting = true;
+            r.set(Refs::DELETING, true);
             Claim::Delete
         }
     }
@@ -126,12 +185,10 @@ impl Lifetimes {
     /// Undoes a `claim` whose transaction did not commit.
     pub fn unclaim(&self, ino: u64) {
         let mut t = lock(&self.table);
-        if let Entry::Occupied(mut e) = t.refs.entry(ino) {
-            e.get_mut().orphan = false;
-            e.get_mut().deleting = false;
-            if e.get().idle() {
-                e.remove();
-            }
+        if let Some(r) = t.refs.get_mut(&ino) {
+            r.set(Refs::ORPHAN, false);
+            r.set(Refs::DELETING, false);
+            t.drop_if_idle(ino);
         }
     }
 
@@ -140,8 +197,8 @@ impl Lifetimes {
     pub fn start_reclaim(&self, ino: u64, open: bool) -> bool {
         let mut t = lock(&self.table);
         match t.refs.get_mut(&ino) {
-            Some(r) if r.orphan && r.lookups == 0 && !r.deleting && !open => {
-                r.deleting = true;
+            Some(r) if r.orphan() && r.lookups() == 0 && !r.deleting() && !open => {
+                r.set(Refs::DELETING, true);
                 true
             }
             _ => false,
@@ -154,20 +211,21 @@ impl Lifetimes {
         if committed {
             t.deletions += 1;
         }
-        if let Entry::Occupied(mut e) = t.refs.entry(ino) {
-            e.get_mut().deleting = false;
+        if let Some(r) = t.refs.get_mut(&ino) {
+            r.set(Refs::DELETING, false);
             if committed {
-                e.get_mut().orphan = false;
+                r.set(Refs::ORPHAN, false);
             }
-            if e.get().idle() {
-                e.remove();
-            }
+            t.drop_if_idle(ino);
         }
     }
 
     /// Whether a transaction deleting `ino` is staged.
     pub fn is_deleting(&self, ino: u64) -> bool {
-        lock(&self.table).refs.get(&ino).is_some_and(|r| r.deleting)
+        lock(&self.table)
+            .refs
+            .get(&ino)
+            .is_some_and(|r| r.deleting())
     }
 
     /// Inodes the kernel references, for status.
@@ -175,8 +233,14 @@ impl Lifetimes {
         lock(&self.table)
             .refs
             .values()
-            .filter(|r| r.lookups > 0)
+            .filter(|r| r.lookups() > 0)
             .count()
+    }
+
+    /// Bytes the table holds for its entries: slots times a slot's key, value and control
+    /// byte (what a `HashMap` allocates, less its small constant group padding).
+    pub fn table_bytes(&self) -> usize {
+        lock(&self.table).refs.capacity() * (std::mem::size_of::<(u64, Refs)>() + 1)
     }
 }
 
@@ -229,5 +293,51 @@ mod tests {
         assert_eq!(l.claim(9, true), Claim::Orphan);
         l.unclaim(9);
         assert!(lock(&l.table).refs.is_empty());
+    }
+
+    #[test]
+    fn an_entry_is_a_key_and_one_word() {
+        assert_eq!(std::mem::size_of::<(u64, Refs)>(), 16);
+    }
+
+    /// The kernel may reference every inode of a large store at once (a walk with a large
+    /// dentry cache): the table must cost a bounded number of bytes per entry, and give the
+    /// memory back once the kernel forgets them.
+    #[test]
+    fn the_table_stays_compact_and_shrinks_when_the_kernel_forgets() {
+        const N: u64 = 200_000;
+        let l = Lifetimes::default();
+        let e = l.epoch();
+        for ino in 2..2 + N {
+            assert_eq!(l.pin(ino, e), Pin::Held);
+        }
+        assert_eq!(l.referenced(), N as usize);
+        // hashbrown keeps at most 7/8 of its slots full and doubles: at worst ~2.3 slots per
+        // entry, 17 bytes a slot.
+        let per_entry = l.table_bytes() as f64 / N as f64;
+        assert!(per_entry <= 40.0, "{per_entry} bytes per referenced inode");
+        for ino in 2..2 + N {
+            assert!(!l.forget(ino, 1));
+        }
+        assert_eq!(l.referenced(), 0);
+        assert!(
+            l.table_bytes() <= 2 * MIN_SHRINK_CAPACITY * 17,
+            "{} bytes left after every forget",
+            l.table_bytes()
+        );
+    }
+
+    #[test]
+    fn flags_and_counts_do_not_mix() {
+        let mut r = Refs::default();
+        r.add(u64::MAX);
+        assert_eq!(r.lookups(), Refs::LOOKUPS);
+        assert!(!r.orphan() && !r.deleting());
+        r.set(Refs::ORPHAN, true);
+        r.sub(Refs::LOOKUPS);
+        assert_eq!(r.lookups(), 0);
+        assert!(r.orphan() && !r.deleting() && !r.idle());
+        r.set(Refs::ORPHAN, false);
+        assert!(r.idle());
     }
 }

@@ -373,6 +373,8 @@ fn run_daemon_inner(
         }
     };
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
+    // A snapshot's check holds the whole copy's tree: not in the daemon's memory.
+    crate::tools::check_copies_apart();
     let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
     // From here the control thread holds the filesystem: a failure gives it back, so the store
     // closes (and its write-ahead log goes) before what this attempt created is removed.

@@ -846,22 +846,34 @@ impl WriteTxn<'_> {
 
     /// Drops up to `max` records older than `cutoff` (ns since the epoch).
     fn expire_history(&mut self, cutoff: i64, max: usize) -> Result<(), StoreError> {
+        // Every commit asks, so the question goes to the time index, whose keys are small:
+        // the oldest record itself may be an import's of many megabytes, and reading it at
+        // each commit made every commit cost (and allocate) its size.
+        // Counted as work: one step for the look, and each record read at its size.
+        self.step(1);
+        let expired: Vec<u64> = {
+            let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in times.range(..(cutoff, 0)).map_err(map_err)?.take(max) {
+                v.push(item.map_err(map_err)?.0.value().1);
+            }
+            v
+        };
+        if expired.is_empty() {
+            return Ok(());
+        }
         let old: Vec<HistoryRecord> = {
             let t = self.tx.open_table(HISTORY).map_err(map_err)?;
-            let mut v = Vec::new();
-            for item in t.iter().map_err(map_err)?.take(max) {
-                let (k, val) = item.map_err(map_err)?;
-                // The time alone first: every commit looks at the oldest record, which may be
-                // a large one (an import's), and decodes it only to drop it.
-                let time = HistoryRecord::time_of(val.value())
-                    .ok_or_else(|| corrupt("history record", k.value()))?;
-                if time >= cutoff {
-                    break;
-                }
-                v.push(
-                    HistoryRecord::decode(k.value(), val.value())
-                        .ok_or_else(|| corrupt("history record", k.value()))?,
-                );
+            let mut v = Vec::with_capacity(expired.len());
+            for seq in expired {
+                let val = t
+                    .get(seq)
+                    .map_err(map_err)?
+                    .ok_or_else(|| corrupt("history time index entry", seq))?;
+                let r = HistoryRecord::decode(seq, val.value())
+                    .ok_or_else(|| corrupt("history record", seq))?;
+                self.step(r.undo.len() as u64);
+                v.push(r);
             }
             v
         };

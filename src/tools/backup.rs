@@ -2,6 +2,7 @@
 //! in place in one rename, keeping the replaced store) and `verify`, which both rely on.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
@@ -31,6 +32,56 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 /// Opens a store file and checks it: redb's integrity check plus every invariant.
 pub fn verify(path: &Path) -> Result<()> {
     verify_on(&Disk::Host, path)
+}
+
+/// Set once a process serves a mount: see `verify_copy`.
+static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
+
+/// From now on this process checks the copies it writes in a child process. The check
+/// holds every inode and directory entry of the copy in memory at once (hundreds of
+/// megabytes at a million files); a daemon that did it in its own address space kept that
+/// high-water mark, and much of the memory, for the rest of its life.
+pub fn check_copies_apart() {
+    COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
+}
+
+/// The hidden command a child runs to check a copy (`redbfs verify-copy PATH`).
+const VERIFY_COPY_COMMAND: &str = "verify-copy";
+
+/// Checks a copy this process just wrote, as `verify` does; in a child process of this
+/// same program once `check_copies_apart` was called. A child that cannot be started
+/// (no `/proc`, say) leaves the check to this process, as before.
+fn verify_copy(path: &Path) -> Result<()> {
+    if !COPIES_CHECKED_APART.load(Ordering::Relaxed) {
+        return verify(path);
+    }
+    let child = std::process::Command::new("/proc/self/exe")
+        .arg(VERIFY_COPY_COMMAND)
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match child {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.trim().trim_start_matches("redbfs: ");
+            Err(if said.is_empty() {
+                format!(
+                    "{}: the check of the copy failed ({})",
+                    path.display(),
+                    out.status
+                )
+            } else {
+                said.to_string()
+            })
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no process to check the copy in; checking it here");
+            verify(path)
+        }
+    }
 }
 
 fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
@@ -190,7 +241,7 @@ fn write_snapshot(
     };
     // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW, and synced it.
     let finish = || -> Result<()> {
-        verify(&tmp)?;
+        verify_copy(&tmp)?;
         // Never replaces what appeared at `out` meanwhile.
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,

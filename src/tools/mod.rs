@@ -16,7 +16,8 @@ mod request;
 mod transfer;
 
 pub use backup::{
-    SnapshotInfo, restore, restore_dropping, restore_on, snapshot, snapshot_subtree, verify,
+    SnapshotInfo, check_copies_apart, restore, restore_dropping, restore_on, snapshot,
+    snapshot_subtree, verify,
 };
 pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
 pub use history::{
