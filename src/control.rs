@@ -171,36 +171,40 @@ impl Daemon {
             Ok(fs) => fs,
             Err(e) => return json!({"ok": false, "error": e}),
         };
+        // A store that cannot be read (damaged under the daemon, or redb failed) still gets an
+        // answer: the pid, the poisoned state and why, so `unmount` and the user can act.
         let usage = fs.store().read().and_then(|r| r.usage());
         let (handles, buffered) = fs.open_counts();
         let (commits, log_bytes) = fs.store().log_state();
-        match usage {
-            Ok(u) => json!({
-                "ok": true,
-                "pid": std::process::id(),
-                "mountpoint": self.mountpoint,
-                "store": self.store,
-                "format": FORMAT_VERSION,
-                "files": u.files,
-                "dirs": u.dirs,
-                "content_bytes": u.content_bytes,
-                "store_bytes": fs.store().file_bytes(),
-                "open_handles": handles,
-                "buffered_bytes": buffered,
-                "commits": commits,
-                "log_bytes": log_bytes,
-                "commit_stats": fs.store().commit_stats(),
-                "poisoned": fs.is_poisoned(),
-                "read_only": fs.is_read_only(),
-                "read_only_why": fs.store().frozen(),
-                "follower": self.follower(),
-                "limits": fs.limits(),
-                "conflicts": fs.conflicts(),
-                "kernel_references": fs.referenced(),
-                "replicas": self.replicas(commits),
-            }),
-            Err(e) => json!({"ok": false, "error": e.to_string()}),
-        }
+        let (files, dirs, content_bytes, store_error) = match usage {
+            Ok(u) => (json!(u.files), json!(u.dirs), json!(u.content_bytes), None),
+            Err(e) => (Value::Null, Value::Null, Value::Null, Some(e.to_string())),
+        };
+        json!({
+            "ok": true,
+            "pid": std::process::id(),
+            "mountpoint": self.mountpoint,
+            "store": self.store,
+            "format": FORMAT_VERSION,
+            "files": files,
+            "dirs": dirs,
+            "content_bytes": content_bytes,
+            "store_error": store_error,
+            "store_bytes": fs.store().file_bytes(),
+            "open_handles": handles,
+            "buffered_bytes": buffered,
+            "commits": commits,
+            "log_bytes": log_bytes,
+            "commit_stats": fs.store().commit_stats(),
+            "poisoned": fs.is_poisoned(),
+            "read_only": fs.is_read_only(),
+            "read_only_why": fs.store().frozen(),
+            "follower": self.follower(),
+            "limits": fs.limits(),
+            "conflicts": fs.conflicts(),
+            "kernel_references": fs.referenced(),
+            "replicas": self.replicas(commits),
+        })
     }
 
     fn query(&self, req: &Value) -> Value {

@@ -942,6 +942,12 @@ fn io_fault(on: &str, nth: u64, doomed_len: u64) {
     // Poisoned: writes refused with EIO, reads served, status says so.
     let st = status(&tm.mountpoint).expect("the daemon answers after an I/O error");
     assert_eq!(st["poisoned"], true, "{st}\n{}", tm.log_text());
+    let shown = common::redbfs(&["status", tm.mountpoint.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("failed:") && shown.contains("EIO"),
+        "{shown}"
+    );
     for (what, r) in [
         ("mkdir", std::fs::create_dir(tm.path("newdir"))),
         ("unlink", std::fs::remove_file(tm.path("kept-0.md"))),

@@ -162,9 +162,16 @@ pub(super) fn status(v: &Value, f: Format) {
     outln!("store:      {}", text(&v["store"]));
     outln!("mountpoint: {mp}");
     outln!("format:     {}", v["format"]);
-    outln!("files:      {}", v["files"]);
-    outln!("dirs:       {}", v["dirs"]);
-    outln!("content:    {} bytes", v["content_bytes"]);
+    if let Some(e) = v["store_error"].as_str() {
+        outln!(
+            "files:      unknown: the store cannot be read ({})",
+            shown(e)
+        );
+    } else {
+        outln!("files:      {}", v["files"]);
+        outln!("dirs:       {}", v["dirs"]);
+        outln!("content:    {} bytes", v["content_bytes"]);
+    }
     outln!("store file: {} bytes", v["store_bytes"]);
     if let Some(pid) = v["pid"].as_u64() {
         outln!("daemon pid: {pid}");
@@ -193,6 +200,12 @@ pub(super) fn status(v: &Value, f: Format) {
         }
         if let Some(why) = v["read_only_why"].as_str() {
             outln!("read-only:  {}", shown(why));
+        }
+        if v["poisoned"] == true {
+            outln!(
+                "failed:     a commit or read of the store failed; writes get EIO until \
+                 `redbfs unmount` and a new mount recover it"
+            );
         }
     }
     for u in v["replica_urls"].as_array().into_iter().flatten() {
