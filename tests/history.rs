@@ -8,9 +8,8 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Output;
 
-use common::{Rng, TestMount, fuse_available, redbfs};
+use common::{Rng, TestMount, fuse_available, ok, redbfs};
 use redbfs::fs::{Caller, Fs, Limits, OpenMode};
 use redbfs::store::{HistoryRecord, Kind, LogCursor, ROOT_INO, Store, TreeView};
 
@@ -20,16 +19,6 @@ const ME: Caller = Caller {
     pid: 1,
 };
 const THIRTY_DAYS: u64 = 30 * 86_400 * 1_000_000_000;
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -12,19 +12,8 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::{TestMount, fuse_available, redbfs};
+use common::{TestMount, fuse_available, ok, redbfs};
 use redbfs::store::{CHUNK_SIZE, Inode, Kind, ROOT_INO, Store, Sync};
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn refused(out: Output, needle: &str) {
     assert!(

@@ -39,6 +39,19 @@ pub fn redbfs(args: &[&str]) -> Output {
         .expect("run redbfs")
 }
 
+/// The standard output of a command that must succeed (the test fails with its exit status
+/// and both outputs otherwise).
+pub fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A mounted store in a temporary directory: `<tmp>/mnt` backed by `<tmp>/mnt.redb`.
 pub struct TestMount {
     pub dir: tempfile::TempDir,
