@@ -9,7 +9,9 @@ use std::io::Read;
 
 /// A process as the kernel started it: its pid (thread group id) and its start time, in clock
 /// ticks since boot (field 22 of `/proc/PID/stat`). Two processes that held the same pid
-/// differ in their start times.
+/// differ in their start times, unless the pid came back within one tick (10 ms): only a
+/// deliberate `clone3` with `set_tid` (root) does that, since a pid otherwise returns only
+/// after the whole pid space has been handed out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ProcessId {
     pub pid: u32,

@@ -157,7 +157,10 @@ fn a_process_handed_an_old_pid_or_tid_has_read_nothing() {
             let old = reader(&dir);
             let out = replace(&dir, &format!("{what}-other-{attempt}"));
             assert!(out.status.success(), "{out:?}");
-            // A new process at the reader's number: it never read f.md.
+            // A new process at the reader's number: it never read f.md. Start times count
+            // clock ticks (10 ms): a pid comes back in the wild only after the whole pid space
+            // has cycled, never within a tick, so the new process starts a tick later here.
+            std::thread::sleep(std::time::Duration::from_millis(20));
             let mine = format!("{what}-new-{attempt}");
             if let Some(status) = replace_at_pid(old, &dir, &mine) {
                 outcome = Some((status, mine));
