@@ -288,6 +288,10 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
     for (_, _, b) in r.all_filemap()? {
         *want.entry(b).or_default() += 1;
     }
+    let (deltas, rows) = r.delta_survey()?;
+    for (_, base) in &deltas {
+        *want.entry(*base).or_default() += 1;
+    }
     r.for_each_record(|rec| {
         for u in &rec.undo {
             if let crate::store::Undo::Filemap { old: Some(b), .. } = u {
@@ -325,12 +329,84 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
             findings.push(format!("blob {b} is referred to but missing"));
         }
     }
+    delta_runs(&deltas, &rows, &live, findings);
     for b in &blob_ids {
         if !want.contains_key(b) {
             findings.push(format!("blob {b} is stored but nothing refers to it"));
         }
     }
     Ok(())
+}
+
+/// Delta blobs: each one's base exists and indexes it, the index names only deltas, and no
+/// run of deltas is longer than `MAX_DELTA_RUN` (the content they rebuild is checked with
+/// every other blob's, in `damaged_chunks`).
+fn delta_runs(
+    deltas: &[(u64, u64)],
+    rows: &[(u64, u64)],
+    live: &HashSet<u64>,
+    findings: &mut Vec<String>,
+) {
+    let base_of: HashMap<u64, u64> = deltas.iter().copied().collect();
+    let indexed: HashSet<(u64, u64)> = rows.iter().copied().collect();
+    for (blob, base) in deltas {
+        if !live.contains(base) {
+            findings.push(format!(
+                "blob {blob} is a delta against blob {base}, which is missing"
+            ));
+        }
+        if !indexed.contains(&(*base, *blob)) {
+            findings.push(format!(
+                "blob {blob} is a delta against blob {base} but the delta index lacks it"
+            ));
+        }
+    }
+    for (base, blob) in rows {
+        if base_of.get(blob) != Some(base) {
+            findings.push(format!(
+                "the delta index names blob {blob} as a delta against blob {base}, which it is not"
+            ));
+        }
+    }
+    let max = crate::store::schema::MAX_DELTA_RUN as usize;
+    // The deltas a blob is read through: 0 for a full one, 1 more than its base's for a
+    // delta; memoised along each walk.
+    let mut run_of: HashMap<u64, usize> = HashMap::new();
+    for (blob, _) in deltas {
+        let mut path = Vec::new();
+        let mut at = *blob;
+        let below = loop {
+            if let Some(n) = run_of.get(&at) {
+                break Some(*n);
+            }
+            match base_of.get(&at) {
+                None => break Some(0),
+                Some(base) => {
+                    path.push(at);
+                    if path.len() > base_of.len() {
+                        break None;
+                    }
+                    at = *base;
+                }
+            }
+        };
+        let Some(below) = below else {
+            findings.push(format!("blob {blob} is in a loop of deltas"));
+            for b in path {
+                run_of.insert(b, 0);
+            }
+            continue;
+        };
+        for (i, b) in path.iter().rev().enumerate() {
+            run_of.insert(*b, below + i + 1);
+        }
+        let n = run_of[blob];
+        if n > max {
+            findings.push(format!(
+                "blob {blob} is read through {n} deltas, more than the {max} allowed"
+            ));
+        }
+    }
 }
 
 /// Chunks whose content does not match its checksum, by path where a file holds them.

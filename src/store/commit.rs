@@ -206,6 +206,7 @@ impl WriteTxn<'_> {
             return Err(StoreError::NoRoom);
         }
         self.settle_subtree(true)?;
+        self.delta_replaced_chunks()?;
         self.record_history(now)?;
         self.apply_ref_deltas()?;
         self.store_counts(now)?;

@@ -2,10 +2,13 @@
 //! reference counts, redaction, and the content checks `check` runs. A file's chunk 0 of at
 //! most `INLINE_MAX` bytes lives in its inode record instead (no blob, no filemap row).
 //!
-//! Invariants kept here: chunk 0 is in the record or in a blob, never both; a blob is never
-//! rewritten (only redacted to empty); a blob's count is its filemap entries plus the history
-//! before-images that name it, written once per commit as a net change, and the blob is
-//! deleted when that count reaches 0.
+//! Invariants kept here: chunk 0 is in the record or in a blob, never both; a blob's content
+//! never changes (it is only redacted to empty), though a version history alone keeps may be
+//! re-encoded as a delta against a later, full one (`delta_replaced_chunks`); a blob's count
+//! is its filemap entries plus the history before-images that name it plus the deltas based
+//! on it, written once per commit as a net change, and the blob is deleted when that count
+//! reaches 0; every delta has a `deltas` row under its base, and no run of deltas is longer
+//! than `MAX_DELTA_RUN`.
 
 use std::collections::HashMap;
 
@@ -33,19 +36,84 @@ fn chunk_in(
     let Some(blob) = map.get((ino, idx)).map_err(map_err)?.map(|v| v.value()) else {
         return Ok(None);
     };
-    match blobs.get(blob).map_err(map_err)? {
-        Some(v) => match schema::decode_blob(v.value()) {
-            Some(data) => Ok(Some(data.to_vec())),
-            None => Err(StoreError::Checksum {
-                ino,
-                idx,
-                blob: Some(blob),
-            }),
-        },
-        None => Err(StoreError::Corrupt(format!(
-            "chunk {idx} of inode {ino} points to missing blob {blob}"
+    chunk_content(blobs, ino, idx, blob, "").map(Some)
+}
+
+/// Chunk `idx` of `ino`, held in `blob`, with a failure said as a read of that chunk
+/// (`when` names the point of history it was read at, if any).
+pub(super) fn chunk_content(
+    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    ino: u64,
+    idx: u64,
+    blob: u64,
+    when: &str,
+) -> Result<Vec<u8>, StoreError> {
+    match blob_content(blobs, blob)? {
+        Ok(data) => Ok(data),
+        Err(BlobFault::Damaged(_)) => Err(StoreError::Checksum {
+            ino,
+            idx,
+            blob: Some(blob),
+        }),
+        Err(BlobFault::Missing(b)) if b == blob => Err(StoreError::Corrupt(format!(
+            "chunk {idx} of inode {ino}{when} points to missing blob {blob}"
+        ))),
+        Err(BlobFault::Missing(b)) => Err(StoreError::Corrupt(format!(
+            "chunk {idx} of inode {ino}{when} is blob {blob}, a delta whose base blob {b} is missing"
+        ))),
+        Err(BlobFault::TooLong) => Err(StoreError::Corrupt(format!(
+            "chunk {idx} of inode {ino}{when} is blob {blob}, a run of deltas too long to be real"
         ))),
     }
+}
+
+/// Why a blob's content cannot be read.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum BlobFault {
+    /// This blob (the one asked for, or a base it is a delta against) does not exist.
+    Missing(u64),
+    /// This blob's value, or the content a delta rebuilds, does not match its checksum.
+    Damaged(u64),
+    /// More bases than any store this build writes holds: a loop, or damage.
+    TooLong,
+}
+
+/// Bases followed before a run of deltas is taken for damage (`check` holds runs to
+/// `MAX_DELTA_RUN`; older builds' bounds may differ, so reading is more lenient).
+const READ_RUN_LIMIT: usize = 4 * MAX_DELTA_RUN as usize;
+
+/// The content of blob `id`: a full blob's bytes, or a delta applied to its base's content,
+/// each step checked against its checksum. A redacted blob reads as empty.
+pub(super) fn blob_content(
+    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    id: u64,
+) -> Result<Result<Vec<u8>, BlobFault>, StoreError> {
+    // The deltas from `id` down to the first full blob, applied on the way back up.
+    let mut run: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut at = id;
+    let mut content = loop {
+        let Some(raw) = blobs.get(at).map_err(map_err)? else {
+            return Ok(Err(BlobFault::Missing(at)));
+        };
+        match schema::decode_blob_value(raw.value()) {
+            None => return Ok(Err(BlobFault::Damaged(at))),
+            Some(BlobValue::Full(data)) => break data.to_vec(),
+            Some(BlobValue::Delta { base, delta, .. }) => {
+                if run.len() >= READ_RUN_LIMIT {
+                    return Ok(Err(BlobFault::TooLong));
+                }
+                run.push((at, delta.to_vec()));
+                at = base;
+            }
+        }
+    };
+    while let Some((blob, delta)) = run.pop() {
+        content = match super::delta::apply(&delta, &content) {
+            Ok(c) => c,
+            Err(_) => return Ok(Err(BlobFault::Damaged(blob))),
+        };
+    }
+    Ok(Ok(content))
 }
 
 /// The content of chunk 0 held in `ino`'s record; a redacted version reads as empty.
@@ -139,17 +207,71 @@ impl ReadTxn {
         Ok(out)
     }
 
-    /// Blobs whose content does not match its checksum (for check).
+    /// Blobs whose content does not match its checksum, a delta's once rebuilt from its
+    /// base included (for check; a delta whose base is missing is `delta_survey`'s).
     pub fn damaged_blobs(&self) -> Result<Vec<u64>, StoreError> {
         let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         let mut out = Vec::new();
         for item in blobs.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
-            if schema::decode_blob(v.value()).is_none() {
+            let damaged = match schema::decode_blob_value(v.value()) {
+                None => true,
+                Some(BlobValue::Full(_)) => false,
+                Some(BlobValue::Delta { .. }) => {
+                    matches!(blob_content(&blobs, k.value())?, Err(BlobFault::Damaged(_)))
+                }
+            };
+            if damaged {
                 out.push(k.value());
             }
         }
         Ok(out)
+    }
+
+    /// How many blobs there are and the bytes of their stored values (deltas at their
+    /// stored size): what content and its history take before redb's own overhead.
+    pub fn blob_bytes(&self) -> Result<(u64, u64), StoreError> {
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let (mut n, mut bytes) = (0, 0);
+        for item in blobs.iter().map_err(map_err)? {
+            n += 1;
+            bytes += item.map_err(map_err)?.1.value().len() as u64;
+        }
+        Ok((n, bytes))
+    }
+
+    /// Whether the store has the index of delta blobs (format 6).
+    pub(super) fn has_deltas_table(&self) -> Result<bool, StoreError> {
+        match self.tx.open_table(DELTAS) {
+            Ok(_) => Ok(true),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(false),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Every delta blob as (blob, base), from the blobs' values, and every row of the
+    /// `deltas` index as (base, blob) (for check; a store before format 6 has neither).
+    #[allow(clippy::type_complexity)]
+    pub fn delta_survey(&self) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), StoreError> {
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut deltas = Vec::new();
+        for item in blobs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            if let Some(BlobValue::Delta { base, .. }) = schema::decode_blob_value(v.value()) {
+                deltas.push((k.value(), base));
+            }
+        }
+        let mut rows = Vec::new();
+        match self.tx.open_table(DELTAS) {
+            Ok(t) => {
+                for item in t.iter().map_err(map_err)? {
+                    rows.push(item.map_err(map_err)?.0.value());
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(map_err(e)),
+        }
+        Ok((deltas, rows))
     }
 
     /// Every chunk 0 held in an inode record (for check): (ino, its content's length, or
@@ -181,7 +303,7 @@ impl ReadTxn {
             let len = blobs
                 .get(v.value())
                 .map_err(map_err)?
-                .map(|b| b.value().len().saturating_sub(4) as u64)
+                .map(|b| schema::blob_content_len(b.value()))
                 .ok_or_else(|| corrupt("blob", ino))?;
             out.push((ino, idx, len));
         }
@@ -368,78 +490,274 @@ impl WriteTxn<'_> {
     }
 
     /// Writes the net reference changes: a blobrefs entry only for counts of 2 or more (a
-    /// blob without one has exactly one reference), and a blob that reaches 0 is deleted.
-    /// One pass over the changes in blob order, walking the (ascending) new-blob ranges
-    /// alongside: linear in the transaction's size.
+    /// blob without one has exactly one reference), and a blob that reaches 0 is deleted; a
+    /// delta deleted gives back its reference to its base, which may go in turn. One pass
+    /// over the changes in blob order (and one more per such run of deltas): linear in the
+    /// transaction's size.
     pub(super) fn apply_ref_deltas(&mut self) -> Result<(), StoreError> {
-        let deltas = std::mem::take(&mut self.ref_deltas);
+        let mut deltas = std::mem::take(&mut self.ref_deltas);
         let new_blobs = std::mem::take(&mut self.new_blobs);
-        self.step(deltas.len() as u64);
-        if deltas.values().all(|&d| d == 0) {
+        // Blobs whose count an earlier pass wrote: a missing entry now means 1 for them.
+        let mut settled = std::collections::HashSet::new();
+        loop {
+            self.step(deltas.len() as u64);
+            if deltas.values().all(|&d| d == 0) {
+                return Ok(());
+            }
+            let mut refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+            let mut gone = Vec::new();
+            for (&blob, &d) in &deltas {
+                if d == 0 {
+                    continue;
+                }
+                let i = new_blobs.partition_point(|r| r.end <= blob);
+                let created =
+                    !settled.contains(&blob) && new_blobs.get(i).is_some_and(|r| r.contains(&blob));
+                let stored = refs.get(blob).map_err(map_err)?.map(|v| v.value());
+                let base = match stored {
+                    Some(n) => n as i64,
+                    None if created => 0,
+                    None => 1,
+                };
+                settled.insert(blob);
+                match base + d {
+                    n if n <= 0 => {
+                        if n < 0 {
+                            return Err(StoreError::Corrupt(format!(
+                                "blob {blob} would have {n} references"
+                            )));
+                        }
+                        if stored.is_some() {
+                            refs.remove(blob).map_err(map_err)?;
+                            redo_del(&self.redo, BLOBREFS, &blob);
+                        }
+                        gone.push(blob);
+                    }
+                    1 => {
+                        if stored.is_some() {
+                            refs.remove(blob).map_err(map_err)?;
+                            redo_del(&self.redo, BLOBREFS, &blob);
+                        }
+                    }
+                    n => {
+                        refs.insert(blob, n as u64).map_err(map_err)?;
+                        redo_put(&self.redo, BLOBREFS, &blob, &(n as u64));
+                    }
+                }
+            }
+            drop(refs);
+            let mut next = std::collections::BTreeMap::new();
+            if !gone.is_empty() {
+                let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+                let mut redacted = self.tx.open_table(REDACTED).map_err(map_err)?;
+                let mut index = self.tx.open_table(DELTAS).map_err(map_err)?;
+                for blob in gone {
+                    let old = blobs.remove(blob).map_err(map_err)?;
+                    if let Some(BlobValue::Delta { base, .. }) = old
+                        .as_ref()
+                        .and_then(|v| schema::decode_blob_value(v.value()))
+                    {
+                        index.remove((base, blob)).map_err(map_err)?;
+                        redo_del(&self.redo, DELTAS, &(base, blob));
+                        *next.entry(base).or_default() -= 1;
+                    }
+                    drop(old);
+                    redacted.remove(blob).map_err(map_err)?;
+                    redo_del(&self.redo, BLOBS, &blob);
+                    redo_del(&self.redo, REDACTED, &blob);
+                }
+            }
+            if next.is_empty() {
+                return Ok(());
+            }
+            deltas = next;
+        }
+    }
+
+    /// Makes the chunks this transaction left to history deltas against what replaced them
+    /// (see "Delta blobs" in `schema`): a chunk whose slot now holds another blob, or of a
+    /// file deleted while another file now has its name (a write to a temporary file renamed
+    /// over it, deleted at once or at its last release). Called at commit, before the
+    /// history record takes the before-images.
+    pub(super) fn delta_replaced_chunks(&mut self) -> Result<(), StoreError> {
+        let Some(c) = &self.capture else {
             return Ok(());
+        };
+        let mut left = Vec::new();
+        let mut named = HashMap::new();
+        for u in &c.undo {
+            match u {
+                Undo::Filemap {
+                    ino,
+                    idx,
+                    old: Some(b),
+                } => left.push((*ino, *idx, *b)),
+                Undo::Inode { ino, old: Some(b) } => {
+                    if let Some(i) = Inode::decode(*ino, b) {
+                        named.insert(*ino, (i.parent, i.name));
+                    }
+                }
+                _ => {}
+            }
         }
-        let mut refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
-        let mut gone = Vec::new();
-        let mut ranges = new_blobs.iter().peekable();
-        for (blob, d) in deltas {
-            if d == 0 {
-                continue;
-            }
-            while ranges.next_if(|r| r.end <= blob).is_some() {
-                self.step(1);
-            }
-            let created = ranges.peek().is_some_and(|r| r.contains(&blob));
-            let stored = refs.get(blob).map_err(map_err)?.map(|v| v.value());
-            let base = match stored {
-                Some(n) => n as i64,
-                None if created => 0,
-                None => 1,
+        for (ino, idx, old) in left {
+            let slot = |w: &Self, ino: u64| -> Result<Option<u64>, StoreError> {
+                let map = w.tx.open_table(FILEMAP).map_err(map_err)?;
+                Ok(map.get((ino, idx)).map_err(map_err)?.map(|v| v.value()))
             };
-            match base + d {
-                n if n <= 0 => {
-                    if n < 0 {
-                        return Err(StoreError::Corrupt(format!(
-                            "blob {blob} would have {n} references"
-                        )));
-                    }
-                    if stored.is_some() {
-                        refs.remove(blob).map_err(map_err)?;
-                        redo_del(&self.redo, BLOBREFS, &blob);
-                    }
-                    gone.push(blob);
-                }
-                1 => {
-                    if stored.is_some() {
-                        refs.remove(blob).map_err(map_err)?;
-                        redo_del(&self.redo, BLOBREFS, &blob);
-                    }
-                }
-                n => {
-                    refs.insert(blob, n as u64).map_err(map_err)?;
-                    redo_put(&self.redo, BLOBREFS, &blob, &(n as u64));
-                }
-            }
-        }
-        drop(refs);
-        if !gone.is_empty() {
-            let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-            let mut redacted = self.tx.open_table(REDACTED).map_err(map_err)?;
-            for blob in gone {
-                blobs.remove(blob).map_err(map_err)?;
-                redacted.remove(blob).map_err(map_err)?;
-                redo_del(&self.redo, BLOBS, &blob);
-                redo_del(&self.redo, REDACTED, &blob);
+            let base = match slot(self, ino)? {
+                Some(now) => Some(now),
+                None if self.inode(ino)?.is_none() => match named.get(&ino) {
+                    Some((parent, name)) => match self.lookup(*parent, name)? {
+                        Some((other, Kind::File)) if other != ino => slot(self, other)?,
+                        _ => None,
+                    },
+                    None => None,
+                },
+                None => None,
+            };
+            if let Some(base) = base {
+                self.make_delta(old, base)?;
             }
         }
         Ok(())
     }
 
-    /// Erases a blob's bytes, keeping its id so records and references stay valid.
-    pub fn redact_blob(&mut self, blob: u64) -> Result<bool, StoreError> {
-        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-        if blobs.get(blob).map_err(map_err)?.is_none() {
+    /// The longest run of deltas that reads through blob `blob` (0 when none does).
+    fn run_behind(&self, blob: u64) -> Result<u8, StoreError> {
+        let index = self.tx.open_table(DELTAS).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let mut run = 0;
+        for item in index.range((blob, 0)..=(blob, u64::MAX)).map_err(map_err)? {
+            let d = item.map_err(map_err)?.0.value().1;
+            let behind = match blobs.get(d).map_err(map_err)? {
+                Some(v) => match schema::decode_blob_value(v.value()) {
+                    Some(BlobValue::Delta { behind, .. }) => behind,
+                    _ => 0,
+                },
+                None => 0,
+            };
+            run = run.max(behind.saturating_add(1));
+        }
+        Ok(run)
+    }
+
+    /// Stores blob `blob` as a delta against blob `base` when both are full, the run of
+    /// deltas through `blob` stays within `MAX_DELTA_RUN`, and the delta is at most half the
+    /// blob's size; whether it did.
+    fn make_delta(&mut self, blob: u64, base: u64) -> Result<bool, StoreError> {
+        if blob == base {
             return Ok(false);
         }
+        let (value, old_len) = {
+            let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            let full = |id: u64| -> Result<Option<Vec<u8>>, StoreError> {
+                Ok(blobs.get(id).map_err(map_err)?.and_then(|v| {
+                    match schema::decode_blob_value(v.value()) {
+                        // Empty: redacted, never a base nor worth a delta.
+                        Some(BlobValue::Full(d)) if !v.value().is_empty() => Some(d.to_vec()),
+                        _ => None,
+                    }
+                }))
+            };
+            let (Some(old), Some(new)) = (full(blob)?, full(base)?) else {
+                return Ok(false);
+            };
+            self.step(1);
+            drop(blobs);
+            let behind = self.run_behind(blob)?;
+            if behind >= MAX_DELTA_RUN {
+                return Ok(false);
+            }
+            let delta = super::delta::diff(&old, &new);
+            (
+                schema::encode_delta_blob(base, behind, &delta),
+                4 + old.len(),
+            )
+        };
+        if value.len() * 2 > old_len {
+            return Ok(false);
+        }
+        self.tx
+            .open_table(BLOBS)
+            .map_err(map_err)?
+            .insert(blob, value.as_slice())
+            .map_err(map_err)?;
+        redo_put(&self.redo, BLOBS, &blob, &value.as_slice());
+        self.tx
+            .open_table(DELTAS)
+            .map_err(map_err)?
+            .insert((base, blob), ())
+            .map_err(map_err)?;
+        redo_put(&self.redo, DELTAS, &(base, blob), &());
+        self.blob_ref(base);
+        Ok(true)
+    }
+
+    /// Stores delta blob `blob` as a full blob again, giving back its base's reference (its
+    /// base is about to be erased). A delta that does not rebuild stays as it is, for
+    /// `check` to report.
+    fn materialise(&mut self, blob: u64) -> Result<(), StoreError> {
+        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let base = match blobs.get(blob).map_err(map_err)? {
+            Some(v) => match schema::decode_blob_value(v.value()) {
+                Some(BlobValue::Delta { base, .. }) => base,
+                _ => return Ok(()),
+            },
+            None => return Ok(()),
+        };
+        let Ok(content) = blob_content(&blobs, blob)? else {
+            return Ok(());
+        };
+        let raw = schema::encode_blob(&content);
+        blobs.insert(blob, raw.as_slice()).map_err(map_err)?;
+        redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
+        drop(blobs);
+        self.tx
+            .open_table(DELTAS)
+            .map_err(map_err)?
+            .remove((base, blob))
+            .map_err(map_err)?;
+        redo_del(&self.redo, DELTAS, &(base, blob));
+        self.blob_unref(base);
+        Ok(())
+    }
+
+    /// Erases a blob's bytes, keeping its id so records and references stay valid. The
+    /// deltas against it are rebuilt as full blobs first (erasing one version never takes
+    /// another with it), and a delta gives back its base's reference.
+    pub fn redact_blob(&mut self, blob: u64) -> Result<bool, StoreError> {
+        let base = {
+            let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+            let Some(v) = blobs.get(blob).map_err(map_err)? else {
+                return Ok(false);
+            };
+            match schema::decode_blob_value(v.value()) {
+                Some(BlobValue::Delta { base, .. }) => Some(base),
+                _ => None,
+            }
+        };
+        let dependants: Vec<u64> = {
+            let index = self.tx.open_table(DELTAS).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in index.range((blob, 0)..=(blob, u64::MAX)).map_err(map_err)? {
+                v.push(item.map_err(map_err)?.0.value().1);
+            }
+            v
+        };
+        for d in dependants {
+            self.materialise(d)?;
+        }
+        if let Some(base) = base {
+            self.tx
+                .open_table(DELTAS)
+                .map_err(map_err)?
+                .remove((base, blob))
+                .map_err(map_err)?;
+            redo_del(&self.redo, DELTAS, &(base, blob));
+            self.blob_unref(base);
+        }
+        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         blobs.insert(blob, [].as_slice()).map_err(map_err)?;
         self.tx
             .open_table(REDACTED)

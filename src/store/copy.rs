@@ -77,6 +77,9 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
+        if self.has_deltas_table()? {
+            copy_table(&self.tx, &tx, DELTAS, &mut stats, progress)?;
+        }
         copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY_TIMES, &mut stats, progress)?;

@@ -23,6 +23,7 @@
 mod commit;
 mod content;
 mod copy;
+mod delta;
 #[doc(hidden)]
 pub mod disk;
 pub mod fault;

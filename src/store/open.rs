@@ -204,9 +204,24 @@ impl Store {
         } else {
             w.inline_small_chunks()?
         };
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(
+            META_FORMAT,
+            &(schema::FORMAT_WITHOUT_DELTAS as u64).to_le_bytes(),
+        )?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), files = n, "store format 4 migrated to 5: small files' content moved into their inode records");
+        Ok(())
+    }
+
+    /// Migrates a format-5 store: the (empty) index of delta blobs is made; every blob stays
+    /// full until history keeps a later version of it.
+    fn add_delta_index(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        w.tx.open_table(DELTAS).map_err(map_err)?;
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: earlier versions may be kept as deltas");
         Ok(())
     }
 
@@ -231,6 +246,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_WITHOUT_INLINE as u64 => {
                 drop(r);
                 self.inline_small_files()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_WITHOUT_DELTAS as u64 => {
+                drop(r);
+                self.add_delta_index()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -279,6 +299,7 @@ impl Store {
             tx.open_table(HISTORY_TIMES).map_err(map_err)?;
             tx.open_table(SUBTREE).map_err(map_err)?;
             tx.open_table(QUOTAS).map_err(map_err)?;
+            tx.open_table(DELTAS).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,

@@ -254,19 +254,8 @@ impl TreeView for Past<'_> {
                 let Some(blob) = self.blob_at(ino, idx)? else {
                     return Ok(None);
                 };
-                match blobs.get(blob).map_err(map_err)? {
-                    Some(v) => decode_blob(v.value())
-                        .map(|d| Some(d.to_vec()))
-                        .ok_or(StoreError::Checksum {
-                            ino,
-                            idx,
-                            blob: Some(blob),
-                        }),
-                    None => Err(StoreError::Corrupt(format!(
-                        "chunk {idx} of inode {ino} at history point {} points to missing blob {blob}",
-                        self.seq
-                    ))),
-                }
+                let when = format!(" at history point {}", self.seq);
+                super::content::chunk_content(&blobs, ino, idx, blob, &when).map(Some)
             })
             .collect()
     }

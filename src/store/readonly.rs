@@ -66,7 +66,11 @@ impl Store {
         match r.meta_u64(META_FORMAT)? {
             // A format-4 store reads as it is: its content is all in blobs, which format 5
             // reads too.
-            Some(v) if v == FORMAT_VERSION as u64 || v == FORMAT_WITHOUT_INLINE as u64 => {}
+            // A format-5 store too: all its blobs are full, and it has no deltas to index.
+            Some(v)
+                if v == FORMAT_VERSION as u64
+                    || v == FORMAT_WITHOUT_DELTAS as u64
+                    || v == FORMAT_WITHOUT_INLINE as u64 => {}
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 return Err(needs("is of store format 2 and must be migrated"));
             }

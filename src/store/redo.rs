@@ -101,7 +101,7 @@ impl Form {
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 15] = [
+const TABLE_FORMS: [(&str, Form, Form); 16] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -117,6 +117,7 @@ const TABLE_FORMS: [(&str, Form, Form); 15] = [
     ("history_times", Form::Fixed(16), Form::Fixed(0)),
     ("subtree", Form::Fixed(8), Form::Bytes),
     ("quotas", Form::Fixed(8), Form::Fixed(0)),
+    ("deltas", Form::Fixed(16), Form::Fixed(0)),
 ];
 
 /// Checks that a record decodes whole into entries redb can take: each a known operation on
@@ -244,6 +245,7 @@ pub(super) fn replay_noting(
             "history_times" => apply(tx, HISTORY_TIMES, &key, v),
             "subtree" => apply(tx, SUBTREE, &key, v),
             "quotas" => apply(tx, QUOTAS, &key, v),
+            "deltas" => apply(tx, DELTAS, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

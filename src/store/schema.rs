@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 5)
+//! # Tables (format version 6)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -31,10 +31,12 @@
 //! blobs    u64 blob id     -> &[u8]     u32 CRC-32C of the content (LE), then the chunk's
 //!                                       content, at most CHUNK_SIZE bytes (format 3; format 2
 //!                                       stored the content alone and is migrated at open); an
-//!                                       empty value is a redacted blob. Immutable once
-//!                                       written: a write makes a new blob and repoints filemap,
-//!                                       so a later history table can keep referencing old blobs
-//!                                       without copying them
+//!                                       empty value is a redacted blob. Its content is
+//!                                       immutable once written: a write makes a new blob and
+//!                                       repoints filemap, so history keeps referencing old
+//!                                       blobs without copying them. Only the encoding of a
+//!                                       version history alone keeps may change, into a delta
+//!                                       against a later version (format 6, "Delta blobs")
 //! orphans  u64 ino         -> ()        unlinked while open; reclaimed at last release or at the
 //!                                       next mount
 //! blobrefs u64 blob id     -> u64       references to a blob (filemap entries plus history
@@ -45,6 +47,9 @@
 //!                                       the operation's own transaction (when history is on)
 //! marks    &str name       -> u64       a labelled point: the last history seq when it was made
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
+//! deltas   (u64 base, u64 blob) -> ()   every delta blob, by its base (format 6): what must
+//!                                       be rebuilt before a base's content is erased, and the
+//!                                       runs of deltas behind a blob
 //! ```
 //!
 //! History's indexes (format 4; a format-3 store gets them built from `history` at open),
@@ -183,11 +188,43 @@
 //! undoing the record restores both. A format-4 store (no version-2 records) is valid as it
 //! is; at open its small files move into their records, except those history names (a
 //! point reads a key's value now when no record after it changed the key).
+//!
+//! # Delta blobs (format 6)
+//!
+//! A blob's value is one of three forms, told apart by its first four bytes:
+//!
+//! ```text
+//! (empty)                      redacted: the content reads as empty
+//! u32 CRC-32C of the rest      full: the rest is the content (formats 3 to 6)
+//! u32 !CRC-32C of the rest     delta: the complement of the rest's CRC-32C, so no delta
+//!                              passes for a full blob, then:
+//!     u8   version (1)
+//!     u64  base blob id
+//!     u8   behind: the longest run of deltas that led to this blob when it became one
+//!     ...  a `store::delta`: the CRC-32C and length of the whole content, the lengths of
+//!          the base's prefix and suffix it keeps, and the bytes between them
+//! ```
+//!
+//! When a commit leaves a blob to history alone (the chunk it held now holds a new version:
+//! the same file's, or that of the file now at its name, as an SDK's write to a temporary
+//! file and rename over gives), the blob becomes a delta against that version when that is
+//! at most half its size. A delta holds a reference to its base (counted in `blobrefs`, and
+//! indexed in `deltas`), so the base lives while it does. Only a full blob is a base, and
+//! no run of deltas passes `MAX_DELTA_RUN`, so reading any version takes at most that many
+//! blob reads more. Redacting a base first rebuilds its deltas as full blobs.
+//! A format-5 store is valid as it is (all its blobs are full); opening it makes the empty
+//! `deltas` table.
 
 use redb::TableDefinition;
 
+/// The longest run of deltas a version is read through (each one more blob read).
+pub const MAX_DELTA_RUN: u8 = 63;
+
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The format before delta blobs, migrated at open (the `deltas` table is made; no blob
+/// changes).
+pub const FORMAT_WITHOUT_DELTAS: u32 = 5;
 /// The format before inline content, migrated at open (small files move into their records).
 pub const FORMAT_WITHOUT_INLINE: u32 = 4;
 /// The format before history's indexes, migrated at open (the indexes are built).
@@ -222,6 +259,7 @@ pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
     TableDefinition::new("history_times");
 pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
 pub(crate) const QUOTAS: TableDefinition<u64, ()> = TableDefinition::new("quotas");
+pub(crate) const DELTAS: TableDefinition<(u64, u64), ()> = TableDefinition::new("deltas");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
@@ -1196,13 +1234,73 @@ pub fn encode_blob(data: &[u8]) -> Vec<u8> {
 }
 
 /// A blob's content, once its checksum matches; None when it does not (or the value is too
-/// short to hold one). An empty value is a redacted blob: empty content.
+/// short to hold one, or is a delta: see `decode_blob_value`). An empty value is a redacted
+/// blob: empty content.
 pub fn decode_blob(raw: &[u8]) -> Option<&[u8]> {
+    match decode_blob_value(raw)? {
+        BlobValue::Full(data) => Some(data),
+        BlobValue::Delta { .. } => None,
+    }
+}
+
+/// Version byte of a delta blob's value.
+const DELTA_BLOB_VERSION: u8 = 1;
+
+/// What a blob's value holds (see "Delta blobs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlobValue<'a> {
+    /// The content itself (empty for a redacted blob).
+    Full(&'a [u8]),
+    /// The content as a delta against blob `base` (`store::delta`); `behind` is the longest
+    /// run of deltas that led to this blob when it became one.
+    Delta {
+        base: u64,
+        behind: u8,
+        delta: &'a [u8],
+    },
+}
+
+/// A delta blob's value: the complement of the CRC-32C of what follows (so it never passes
+/// for a full blob), then version, base, `behind` and the delta.
+pub fn encode_delta_blob(base: u64, behind: u8, delta: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(14 + delta.len());
+    out.extend_from_slice(&[0; 4]);
+    out.push(DELTA_BLOB_VERSION);
+    out.extend_from_slice(&base.to_le_bytes());
+    out.push(behind);
+    out.extend_from_slice(delta);
+    let sum = !crc32c::crc32c(&out[4..]);
+    out[..4].copy_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// A blob's value decoded, once its checksum matches; None when it matches neither form.
+pub fn decode_blob_value(raw: &[u8]) -> Option<BlobValue<'_>> {
     if raw.is_empty() {
-        return Some(raw);
+        return Some(BlobValue::Full(raw));
     }
     let (sum, data) = raw.split_at_checked(4)?;
-    (crc32c::crc32c(data).to_le_bytes() == sum).then_some(data)
+    let sum = u32::from_le_bytes(sum.try_into().unwrap());
+    let crc = crc32c::crc32c(data);
+    if crc == sum {
+        return Some(BlobValue::Full(data));
+    }
+    if !crc != sum || data.len() < 10 || data[0] != DELTA_BLOB_VERSION {
+        return None;
+    }
+    Some(BlobValue::Delta {
+        base: u64::from_le_bytes(data[1..9].try_into().unwrap()),
+        behind: data[9],
+        delta: &data[10..],
+    })
+}
+
+/// The length of the content a (checksum-verified or not) blob value stands for.
+pub fn blob_content_len(raw: &[u8]) -> u64 {
+    match decode_blob_value(raw) {
+        Some(BlobValue::Delta { delta, .. }) => super::delta::target_len(delta).unwrap_or(0),
+        _ => raw.len().saturating_sub(4) as u64,
+    }
 }
 
 #[cfg(test)]
@@ -1218,5 +1316,26 @@ mod blob_tests {
         assert_eq!(decode_blob(&raw), None);
         assert_eq!(decode_blob(&[]), Some(&[][..]), "a redacted blob is empty");
         assert_eq!(decode_blob(&[1, 2]), None);
+    }
+
+    #[test]
+    fn a_delta_blob_round_trips_and_never_reads_as_full() {
+        let delta = super::super::delta::diff(b"hello world", b"hello there world");
+        let mut raw = encode_delta_blob(42, 3, &delta);
+        assert_eq!(
+            decode_blob_value(&raw),
+            Some(BlobValue::Delta {
+                base: 42,
+                behind: 3,
+                delta: &delta
+            })
+        );
+        assert_eq!(decode_blob(&raw), None, "a delta is not full content");
+        assert_eq!(blob_content_len(&raw), 11);
+        raw[7] ^= 4;
+        assert_eq!(decode_blob_value(&raw), None);
+        let full = encode_blob(b"content");
+        assert_eq!(decode_blob_value(&full), Some(BlobValue::Full(b"content")));
+        assert_eq!(blob_content_len(&full), 7);
     }
 }
