@@ -240,7 +240,8 @@ fn check_finds_a_delta_whose_base_is_gone_and_one_that_does_not_rebuild() {
         }
         assert_checks(&fs);
     }
-    const BLOBS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("blobs");
+    // Deltas are kept apart from full blobs, in a table of their own.
+    const BLOBS: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("blob_deltas");
     const DELTAS: redb::TableDefinition<(u64, u64), ()> = redb::TableDefinition::new("deltas");
     let corrupt = |f: &Corruption| {
         let db = redb::Database::open(&path).unwrap();

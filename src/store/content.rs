@@ -4,7 +4,8 @@
 //!
 //! Invariants kept here: chunk 0 is in the record or in a blob, never both; a blob's content
 //! never changes (it is only redacted to empty), though a version history alone keeps may be
-//! re-encoded as a delta against a later, full one (`delta_replaced_chunks`); a blob's count
+//! re-encoded as a delta against a later, full one (`delta_replaced_chunks`), which moves it
+//! from `blobs` to `blob_deltas` under the same id (never in both); a blob's count
 //! is its filemap entries plus the history before-images that name it plus the deltas based
 //! on it, written once per commit as a net change, and the blob is deleted when that count
 //! reaches 0; every delta has a `deltas` row under its base, and no run of deltas is longer
@@ -23,7 +24,7 @@ use super::{StoreError, corrupt, map_err, schema};
 fn chunk_in(
     inodes: &impl ReadableTable<u64, &'static [u8]>,
     map: &impl ReadableTable<(u64, u64), u64>,
-    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    blobs: &Blobs<impl BlobTable, impl BlobTable>,
     ino: u64,
     idx: u64,
 ) -> Result<Option<Vec<u8>>, StoreError> {
@@ -42,7 +43,7 @@ fn chunk_in(
 /// Chunk `idx` of `ino`, held in `blob`, with a failure said as a read of that chunk
 /// (`when` names the point of history it was read at, if any).
 pub(super) fn chunk_content(
-    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    blobs: &Blobs<impl BlobTable, impl BlobTable>,
     ino: u64,
     idx: u64,
     blob: u64,
@@ -67,6 +68,56 @@ pub(super) fn chunk_content(
     }
 }
 
+/// A table of blob values.
+pub(super) trait BlobTable: ReadableTable<u64, &'static [u8]> {}
+impl<T: ReadableTable<u64, &'static [u8]>> BlobTable for T {}
+
+/// The two tables a blob's value may be in: `blobs` (full or redacted) and `blob_deltas`
+/// (a store before format 6 has no such table).
+pub(super) struct Blobs<F, D> {
+    pub(super) full: F,
+    pub(super) deltas: Option<D>,
+}
+
+type ReadBlobs =
+    Blobs<redb::ReadOnlyTable<u64, &'static [u8]>, redb::ReadOnlyTable<u64, &'static [u8]>>;
+type WriteBlobs<'t> =
+    Blobs<redb::Table<'t, u64, &'static [u8]>, redb::Table<'t, u64, &'static [u8]>>;
+
+impl<F: BlobTable, D: BlobTable> Blobs<F, D> {
+    /// Blob `id`'s stored value, in whichever table holds it.
+    pub(super) fn get(
+        &self,
+        id: u64,
+    ) -> Result<Option<redb::AccessGuard<'_, &'static [u8]>>, StoreError> {
+        if let Some(v) = self.full.get(id).map_err(map_err)? {
+            return Ok(Some(v));
+        }
+        match &self.deltas {
+            Some(d) => d.get(id).map_err(map_err),
+            None => Ok(None),
+        }
+    }
+
+    /// Every blob's id and stored value: full ones, then deltas.
+    fn for_each(
+        &self,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for item in self.full.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            f(k.value(), v.value())?;
+        }
+        if let Some(d) = &self.deltas {
+            for item in d.iter().map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                f(k.value(), v.value())?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why a blob's content cannot be read.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum BlobFault {
@@ -85,14 +136,14 @@ const READ_RUN_LIMIT: usize = 4 * MAX_DELTA_RUN as usize;
 /// The content of blob `id`: a full blob's bytes, or a delta applied to its base's content,
 /// each step checked against its checksum. A redacted blob reads as empty.
 pub(super) fn blob_content(
-    blobs: &impl ReadableTable<u64, &'static [u8]>,
+    blobs: &Blobs<impl BlobTable, impl BlobTable>,
     id: u64,
 ) -> Result<Result<Vec<u8>, BlobFault>, StoreError> {
     // The deltas from `id` down to the first full blob, applied on the way back up.
     let mut run: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut at = id;
     let mut content = loop {
-        let Some(raw) = blobs.get(at).map_err(map_err)? else {
+        let Some(raw) = blobs.get(at)? else {
             return Ok(Err(BlobFault::Missing(at)));
         };
         match schema::decode_blob_value(raw.value()) {
@@ -139,10 +190,22 @@ impl ReadTxn {
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let inodes = self.tx.open_table(INODES).map_err(map_err)?;
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.blobs()?;
         (first..first + count)
             .map(|i| chunk_in(&inodes, &map, &blobs, ino, i))
             .collect()
+    }
+
+    /// The tables blobs are in (`blob_deltas` only from format 6 on).
+    pub(super) fn blobs(&self) -> Result<ReadBlobs, StoreError> {
+        Ok(Blobs {
+            full: self.tx.open_table(BLOBS).map_err(map_err)?,
+            deltas: match self.tx.open_table(BLOB_DELTAS) {
+                Ok(t) => Some(t),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(map_err(e)),
+            },
+        })
     }
 
     /// (chunk index, blob id) of `ino`'s content.
@@ -187,11 +250,11 @@ impl ReadTxn {
             let (k, v) = item.map_err(map_err)?;
             counts.insert(k.value(), v.value());
         }
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         let mut ids = Vec::new();
-        for item in blobs.iter().map_err(map_err)? {
-            ids.push(item.map_err(map_err)?.0.value());
-        }
+        self.blobs()?.for_each(|id, _| {
+            ids.push(id);
+            Ok(())
+        })?;
         Ok((counts, ids))
     }
 
@@ -208,21 +271,63 @@ impl ReadTxn {
     }
 
     /// Blobs whose content does not match its checksum, a delta's once rebuilt from its
-    /// base included (for check; a delta whose base is missing is `delta_survey`'s).
+    /// base included (for check; a delta whose base is missing, or that is in a loop, is
+    /// `delta_survey`'s). Each delta is applied once, to its base's content, walking down
+    /// from every full blob: linear in the content, however long the runs.
     pub fn damaged_blobs(&self) -> Result<Vec<u64>, StoreError> {
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.blobs()?;
         let mut out = Vec::new();
-        for item in blobs.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            let damaged = match schema::decode_blob_value(v.value()) {
-                None => true,
-                Some(BlobValue::Full(_)) => false,
-                Some(BlobValue::Delta { .. }) => {
-                    matches!(blob_content(&blobs, k.value())?, Err(BlobFault::Damaged(_)))
+        let mut below: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut delta_ids = std::collections::HashSet::new();
+        blobs.for_each(|id, v| {
+            match schema::decode_blob_value(v) {
+                None => out.push(id),
+                Some(BlobValue::Full(_)) => {}
+                Some(BlobValue::Delta { base, .. }) => {
+                    delta_ids.insert(id);
+                    below.entry(base).or_default().push(id);
                 }
+            }
+            Ok(())
+        })?;
+        let damaged_values: std::collections::HashSet<u64> = out.iter().copied().collect();
+        for (&top, _) in below.iter().filter(|(b, _)| !delta_ids.contains(b)) {
+            let content = match blobs.get(top)? {
+                Some(v) => match schema::decode_blob_value(v.value()) {
+                    Some(BlobValue::Full(d)) => Some(d.to_vec()),
+                    _ => None,
+                },
+                // Missing: `delta_survey` names the deltas against it.
+                None => continue,
             };
-            if damaged {
-                out.push(k.value());
+            // (blob, the content of its base; None when that did not rebuild).
+            let mut stack: Vec<(u64, std::rc::Rc<Option<Vec<u8>>>)> = Vec::new();
+            let content = std::rc::Rc::new(content);
+            for d in &below[&top] {
+                stack.push((*d, content.clone()));
+            }
+            while let Some((blob, base)) = stack.pop() {
+                if damaged_values.contains(&blob) {
+                    continue;
+                }
+                let rebuilt = match (&*base, blobs.get(blob)?) {
+                    (Some(base), Some(v)) => match schema::decode_blob_value(v.value()) {
+                        Some(BlobValue::Delta { delta, .. }) => {
+                            super::delta::apply(delta, base).ok()
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if rebuilt.is_none() {
+                    out.push(blob);
+                }
+                if let Some(next) = below.get(&blob) {
+                    let rebuilt = std::rc::Rc::new(rebuilt);
+                    for d in next {
+                        stack.push((*d, rebuilt.clone()));
+                    }
+                }
             }
         }
         Ok(out)
@@ -231,12 +336,12 @@ impl ReadTxn {
     /// How many blobs there are and the bytes of their stored values (deltas at their
     /// stored size): what content and its history take before redb's own overhead.
     pub fn blob_bytes(&self) -> Result<(u64, u64), StoreError> {
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         let (mut n, mut bytes) = (0, 0);
-        for item in blobs.iter().map_err(map_err)? {
+        self.blobs()?.for_each(|_, v| {
             n += 1;
-            bytes += item.map_err(map_err)?.1.value().len() as u64;
-        }
+            bytes += v.len() as u64;
+            Ok(())
+        })?;
         Ok((n, bytes))
     }
 
@@ -253,14 +358,13 @@ impl ReadTxn {
     /// `deltas` index as (base, blob) (for check; a store before format 6 has neither).
     #[allow(clippy::type_complexity)]
     pub fn delta_survey(&self) -> Result<(Vec<(u64, u64)>, Vec<(u64, u64)>), StoreError> {
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         let mut deltas = Vec::new();
-        for item in blobs.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            if let Some(BlobValue::Delta { base, .. }) = schema::decode_blob_value(v.value()) {
-                deltas.push((k.value(), base));
+        self.blobs()?.for_each(|id, v| {
+            if let Some(BlobValue::Delta { base, .. }) = schema::decode_blob_value(v) {
+                deltas.push((id, base));
             }
-        }
+            Ok(())
+        })?;
         let mut rows = Vec::new();
         match self.tx.open_table(DELTAS) {
             Ok(t) => {
@@ -295,14 +399,13 @@ impl ReadTxn {
     /// Every (ino, chunk index, blob length) in key order (for check and tools).
     pub fn all_chunks(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.blobs()?;
         let mut out = Vec::new();
         for item in map.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
             let (ino, idx) = k.value();
             let len = blobs
-                .get(v.value())
-                .map_err(map_err)?
+                .get(v.value())?
                 .map(|b| schema::blob_content_len(b.value()))
                 .ok_or_else(|| corrupt("blob", ino))?;
             out.push((ino, idx, len));
@@ -315,8 +418,16 @@ impl WriteTxn<'_> {
     pub fn chunk(&self, ino: u64, idx: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let inodes = self.tx.open_table(INODES).map_err(map_err)?;
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.blobs()?;
         chunk_in(&inodes, &map, &blobs, ino, idx)
+    }
+
+    /// The tables blobs are in, open for writing (no other open of them may overlap).
+    fn blobs(&self) -> Result<WriteBlobs<'_>, StoreError> {
+        Ok(Blobs {
+            full: self.tx.open_table(BLOBS).map_err(map_err)?,
+            deltas: Some(self.tx.open_table(BLOB_DELTAS).map_err(map_err)?),
+        })
     }
 
     /// Stores `data` as chunk `idx` of `ino` (in its record or a new blob: see
@@ -548,23 +659,35 @@ impl WriteTxn<'_> {
             drop(refs);
             let mut next = std::collections::BTreeMap::new();
             if !gone.is_empty() {
-                let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+                let mut blobs = self.blobs()?;
+                let deltas = blobs.deltas.as_mut().expect("opened for writing");
                 let mut redacted = self.tx.open_table(REDACTED).map_err(map_err)?;
                 let mut index = self.tx.open_table(DELTAS).map_err(map_err)?;
                 for blob in gone {
-                    let old = blobs.remove(blob).map_err(map_err)?;
-                    if let Some(BlobValue::Delta { base, .. }) = old
+                    if blobs.full.remove(blob).map_err(map_err)?.is_some() {
+                        redo_del(&self.redo, BLOBS, &blob);
+                        if redacted.remove(blob).map_err(map_err)?.is_some() {
+                            redo_del(&self.redo, REDACTED, &blob);
+                        }
+                        continue;
+                    }
+                    let old = deltas.remove(blob).map_err(map_err)?;
+                    let base = match old
                         .as_ref()
                         .and_then(|v| schema::decode_blob_value(v.value()))
                     {
+                        Some(BlobValue::Delta { base, .. }) => Some(base),
+                        _ => None,
+                    };
+                    if old.is_some() {
+                        redo_del(&self.redo, BLOB_DELTAS, &blob);
+                    }
+                    drop(old);
+                    if let Some(base) = base {
                         index.remove((base, blob)).map_err(map_err)?;
                         redo_del(&self.redo, DELTAS, &(base, blob));
                         *next.entry(base).or_default() -= 1;
                     }
-                    drop(old);
-                    redacted.remove(blob).map_err(map_err)?;
-                    redo_del(&self.redo, BLOBS, &blob);
-                    redo_del(&self.redo, REDACTED, &blob);
                 }
             }
             if next.is_empty() {
@@ -626,11 +749,11 @@ impl WriteTxn<'_> {
     /// The longest run of deltas that reads through blob `blob` (0 when none does).
     fn run_behind(&self, blob: u64) -> Result<u8, StoreError> {
         let index = self.tx.open_table(DELTAS).map_err(map_err)?;
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.blobs()?;
         let mut run = 0;
         for item in index.range((blob, 0)..=(blob, u64::MAX)).map_err(map_err)? {
             let d = item.map_err(map_err)?.0.value().1;
-            let behind = match blobs.get(d).map_err(map_err)? {
+            let behind = match blobs.get(d)? {
                 Some(v) => match schema::decode_blob_value(v.value()) {
                     Some(BlobValue::Delta { behind, .. }) => behind,
                     _ => 0,
@@ -678,12 +801,15 @@ impl WriteTxn<'_> {
         if value.len() * 2 > old_len {
             return Ok(false);
         }
-        self.tx
-            .open_table(BLOBS)
-            .map_err(map_err)?
-            .insert(blob, value.as_slice())
-            .map_err(map_err)?;
-        redo_put(&self.redo, BLOBS, &blob, &value.as_slice());
+        // Moved to the table of deltas, where small values share pages: rewritten in place,
+        // each would keep a page of its own.
+        let mut blobs = self.blobs()?;
+        blobs.full.remove(blob).map_err(map_err)?;
+        redo_del(&self.redo, BLOBS, &blob);
+        let deltas = blobs.deltas.as_mut().expect("opened for writing");
+        deltas.insert(blob, value.as_slice()).map_err(map_err)?;
+        redo_put(&self.redo, BLOB_DELTAS, &blob, &value.as_slice());
+        drop(blobs);
         self.tx
             .open_table(DELTAS)
             .map_err(map_err)?
@@ -698,8 +824,8 @@ impl WriteTxn<'_> {
     /// base is about to be erased). A delta that does not rebuild stays as it is, for
     /// `check` to report.
     fn materialise(&mut self, blob: u64) -> Result<(), StoreError> {
-        let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-        let base = match blobs.get(blob).map_err(map_err)? {
+        let mut blobs = self.blobs()?;
+        let base = match blobs.get(blob)? {
             Some(v) => match schema::decode_blob_value(v.value()) {
                 Some(BlobValue::Delta { base, .. }) => base,
                 _ => return Ok(()),
@@ -710,7 +836,10 @@ impl WriteTxn<'_> {
             return Ok(());
         };
         let raw = schema::encode_blob(&content);
-        blobs.insert(blob, raw.as_slice()).map_err(map_err)?;
+        let deltas = blobs.deltas.as_mut().expect("opened for writing");
+        deltas.remove(blob).map_err(map_err)?;
+        redo_del(&self.redo, BLOB_DELTAS, &blob);
+        blobs.full.insert(blob, raw.as_slice()).map_err(map_err)?;
         redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
         drop(blobs);
         self.tx
@@ -728,8 +857,8 @@ impl WriteTxn<'_> {
     /// another with it), and a delta gives back its base's reference.
     pub fn redact_blob(&mut self, blob: u64) -> Result<bool, StoreError> {
         let base = {
-            let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-            let Some(v) = blobs.get(blob).map_err(map_err)? else {
+            let blobs = self.blobs()?;
+            let Some(v) = blobs.get(blob)? else {
                 return Ok(false);
             };
             match schema::decode_blob_value(v.value()) {
@@ -749,6 +878,15 @@ impl WriteTxn<'_> {
             self.materialise(d)?;
         }
         if let Some(base) = base {
+            let mut blobs = self.blobs()?;
+            blobs
+                .deltas
+                .as_mut()
+                .expect("opened for writing")
+                .remove(blob)
+                .map_err(map_err)?;
+            redo_del(&self.redo, BLOB_DELTAS, &blob);
+            drop(blobs);
             self.tx
                 .open_table(DELTAS)
                 .map_err(map_err)?
@@ -771,12 +909,6 @@ impl WriteTxn<'_> {
 
     /// Whether blob `blob` exists.
     pub fn blob_exists(&self, blob: u64) -> Result<bool, StoreError> {
-        Ok(self
-            .tx
-            .open_table(BLOBS)
-            .map_err(map_err)?
-            .get(blob)
-            .map_err(map_err)?
-            .is_some())
+        Ok(self.blobs()?.get(blob)?.is_some())
     }
 }

@@ -79,6 +79,7 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
         if self.has_deltas_table()? {
             copy_table(&self.tx, &tx, DELTAS, &mut stats, progress)?;
+            copy_table(&self.tx, &tx, BLOB_DELTAS, &mut stats, progress)?;
         }
         copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;

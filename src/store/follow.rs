@@ -192,6 +192,7 @@ impl Store {
         sync_table(&src, &tx, MARKS, &mut |_| false)?;
         sync_table(&src, &tx, REDACTED, &mut |_| false)?;
         sync_table(&src, &tx, DELTAS, &mut |_| false)?;
+        sync_table(&src, &tx, BLOB_DELTAS, &mut |_| false)?;
         finish_meta(&tx, commit, local)?;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;

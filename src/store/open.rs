@@ -219,6 +219,7 @@ impl Store {
         let mut w = self.write()?;
         w.without_history();
         w.tx.open_table(DELTAS).map_err(map_err)?;
+        w.tx.open_table(BLOB_DELTAS).map_err(map_err)?;
         w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: earlier versions may be kept as deltas");
@@ -300,6 +301,7 @@ impl Store {
             tx.open_table(SUBTREE).map_err(map_err)?;
             tx.open_table(QUOTAS).map_err(map_err)?;
             tx.open_table(DELTAS).map_err(map_err)?;
+            tx.open_table(BLOB_DELTAS).map_err(map_err)?;
         }
         w.put_inode(&Inode {
             ino: ROOT_INO,

@@ -242,7 +242,7 @@ impl TreeView for Past<'_> {
     }
 
     fn chunks(&self, ino: u64, first: u64, count: u64) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let blobs = self.now.tx.open_table(BLOBS).map_err(map_err)?;
+        let blobs = self.now.blobs()?;
         (first..first.saturating_add(count))
             .map(|idx| {
                 if idx == 0

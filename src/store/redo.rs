@@ -101,7 +101,7 @@ impl Form {
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 16] = [
+const TABLE_FORMS: [(&str, Form, Form); 17] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -118,6 +118,7 @@ const TABLE_FORMS: [(&str, Form, Form); 16] = [
     ("subtree", Form::Fixed(8), Form::Bytes),
     ("quotas", Form::Fixed(8), Form::Fixed(0)),
     ("deltas", Form::Fixed(16), Form::Fixed(0)),
+    ("blob_deltas", Form::Fixed(8), Form::Bytes),
 ];
 
 /// Checks that a record decodes whole into entries redb can take: each a known operation on
@@ -246,6 +247,7 @@ pub(super) fn replay_noting(
             "subtree" => apply(tx, SUBTREE, &key, v),
             "quotas" => apply(tx, QUOTAS, &key, v),
             "deltas" => apply(tx, DELTAS, &key, v),
+            "blob_deltas" => apply(tx, BLOB_DELTAS, &key, v),
             other => Err(StoreError::Corrupt(format!(
                 "the log names a table this build does not know: {other}"
             ))),

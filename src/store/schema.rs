@@ -34,9 +34,10 @@
 //!                                       empty value is a redacted blob. Its content is
 //!                                       immutable once written: a write makes a new blob and
 //!                                       repoints filemap, so history keeps referencing old
-//!                                       blobs without copying them. Only the encoding of a
-//!                                       version history alone keeps may change, into a delta
-//!                                       against a later version (format 6, "Delta blobs")
+//!                                       blobs without copying them. A version history alone
+//!                                       keeps may move, same id and content, into
+//!                                       `blob_deltas` as a delta against a later version
+//!                                       (format 6, "Delta blobs"); a blob id is in one table
 //! orphans  u64 ino         -> ()        unlinked while open; reclaimed at last release or at the
 //!                                       next mount
 //! blobrefs u64 blob id     -> u64       references to a blob (filemap entries plus history
@@ -47,6 +48,7 @@
 //!                                       the operation's own transaction (when history is on)
 //! marks    &str name       -> u64       a labelled point: the last history seq when it was made
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
+//! blob_deltas u64 blob id  -> &[u8]     a blob kept as a delta (format 6, "Delta blobs")
 //! deltas   (u64 base, u64 blob) -> ()   every delta blob, by its base (format 6): what must
 //!                                       be rebuilt before a base's content is erased, and the
 //!                                       runs of deltas behind a blob
@@ -191,7 +193,9 @@
 //!
 //! # Delta blobs (format 6)
 //!
-//! A blob's value is one of three forms, told apart by its first four bytes:
+//! A blob's value is one of three forms, told apart by its first four bytes; full and
+//! redacted values are in `blobs`, deltas in `blob_deltas` (small values there share
+//! pages, where a value shrunk in place in `blobs` would keep a page of its own):
 //!
 //! ```text
 //! (empty)                      redacted: the content reads as empty
@@ -213,7 +217,7 @@
 //! no run of deltas passes `MAX_DELTA_RUN`, so reading any version takes at most that many
 //! blob reads more. Redacting a base first rebuilds its deltas as full blobs.
 //! A format-5 store is valid as it is (all its blobs are full); opening it makes the empty
-//! `deltas` table.
+//! `blob_deltas` and `deltas` tables.
 
 use redb::TableDefinition;
 
@@ -260,6 +264,7 @@ pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
 pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
 pub(crate) const QUOTAS: TableDefinition<u64, ()> = TableDefinition::new("quotas");
 pub(crate) const DELTAS: TableDefinition<(u64, u64), ()> = TableDefinition::new("deltas");
+pub(crate) const BLOB_DELTAS: TableDefinition<u64, &[u8]> = TableDefinition::new("blob_deltas");
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_INO: &str = "next_ino";
