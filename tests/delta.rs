@@ -291,3 +291,74 @@ fn check_finds_a_delta_whose_base_is_gone_and_one_that_does_not_rebuild() {
         "{f:?}"
     );
 }
+
+/// A format-5 store (every blob full, no tables of deltas) reads as it is, read-only, and is
+/// opened read-write after one small migration: its versions stay full and read back, and
+/// the next edit keeps a delta.
+#[test]
+fn a_format_5_store_reads_as_it_is_and_keeps_deltas_once_migrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let mut versions = {
+        let fs = open(&path);
+        let ino = create(&fs, "mem.md", &version(0));
+        let mut versions = vec![(last_seq(&fs), version(0))];
+        // Wholly different contents: no deltas.
+        for v in 1..=3u8 {
+            let data = vec![b'a' + v; SIZE];
+            rewrite_in_place(&fs, ino, &data);
+            versions.push((last_seq(&fs), data));
+        }
+        assert!(
+            fs.store()
+                .read()
+                .unwrap()
+                .delta_survey()
+                .unwrap()
+                .0
+                .is_empty()
+        );
+        versions
+    };
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.delete_table(redb::TableDefinition::<(u64, u64), ()>::new("deltas"))
+            .unwrap();
+        tx.delete_table(redb::TableDefinition::<u64, &[u8]>::new("blob_deltas"))
+            .unwrap();
+        tx.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
+            .unwrap()
+            .insert("format", 5u64.to_le_bytes().as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    {
+        let ro = redbfs::store::ReadOnlyStore::open(&path).unwrap();
+        let r = ro.read().unwrap();
+        assert_eq!(r.meta_u64("format").unwrap(), Some(5));
+        for (seq, want) in &versions {
+            assert!(redbfs::tools::show_at(&r, "/mem.md", *seq).unwrap() == *want);
+        }
+        assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+    }
+    let fs = open(&path);
+    assert_eq!(
+        fs.store().read().unwrap().meta_u64("format").unwrap(),
+        Some(redbfs::store::FORMAT_VERSION as u64)
+    );
+    let ino = fs.lookup(ROOT_INO, b"mem.md").unwrap().ino;
+    let mut data = versions.last().unwrap().1.clone();
+    data[5..13].copy_from_slice(b"migrated");
+    rewrite_in_place(&fs, ino, &data);
+    versions.push((last_seq(&fs), data));
+    for (seq, want) in &versions {
+        assert!(show(&fs, "/mem.md", *seq).unwrap() == *want);
+    }
+    assert_eq!(
+        fs.store().read().unwrap().delta_survey().unwrap().0.len(),
+        1,
+        "the version the edit replaced is a delta"
+    );
+    assert_checks(&fs);
+}
