@@ -747,7 +747,7 @@ impl WriteTxn<'_> {
     }
 
     /// The longest run of deltas that reads through blob `blob` (0 when none does).
-    fn run_behind(&self, blob: u64) -> Result<u8, StoreError> {
+    fn run_behind(&self, blob: u64) -> Result<usize, StoreError> {
         let index = self.tx.open_table(DELTAS).map_err(map_err)?;
         let blobs = self.blobs()?;
         let mut run = 0;
@@ -760,7 +760,7 @@ impl WriteTxn<'_> {
                 },
                 None => 0,
             };
-            run = run.max(behind.saturating_add(1));
+            run = run.max(behind as usize + 1);
         }
         Ok(run)
     }
@@ -789,12 +789,12 @@ impl WriteTxn<'_> {
             self.step(1);
             drop(blobs);
             let behind = self.run_behind(blob)?;
-            if behind >= MAX_DELTA_RUN {
+            if behind >= MAX_DELTA_RUN as usize {
                 return Ok(false);
             }
             let delta = super::delta::diff(&old, &new);
             (
-                schema::encode_delta_blob(base, behind, &delta),
+                schema::encode_delta_blob(base, behind as u8, &delta),
                 4 + old.len(),
             )
         };

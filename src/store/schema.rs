@@ -221,8 +221,12 @@
 
 use redb::TableDefinition;
 
-/// The longest run of deltas a version is read through (each one more blob read).
-pub const MAX_DELTA_RUN: u8 = 63;
+/// The longest run of deltas a version is read through (each one more blob read of a small
+/// value, and one more copy of the chunk): every 256th version of a chunk is kept whole.
+/// With 64 (every 64th whole), the whole copies were half of what an edit of a 20 KB
+/// memory kept (1,158 bytes per edit against 588), and the oldest of 255 versions of a
+/// 20 KB memory reads in 30 ms, the debug build's whole `redbfs show` included.
+pub const MAX_DELTA_RUN: u8 = 255;
 
 /// The store format this build reads and writes. A store of any other version is refused.
 pub const FORMAT_VERSION: u32 = 6;
