@@ -362,3 +362,28 @@ fn a_format_5_store_reads_as_it_is_and_keeps_deltas_once_migrated() {
     );
     assert_checks(&fs);
 }
+
+/// A memory the kernel still references when it is renamed over becomes an orphan, and its
+/// content goes after its last forget, in a reclaim of its own: the version it held is
+/// still kept as a delta against the file that now has its name.
+#[test]
+fn a_memory_replaced_while_referenced_is_kept_as_a_delta_at_its_forget() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    create(&fs, "mem.md", &version(0));
+    let mut versions = vec![(last_seq(&fs), version(0))];
+    for v in 1..=5 {
+        let held = fs.lookup(ROOT_INO, b"mem.md").unwrap().ino;
+        rewrite_by_rename(&fs, "mem.md", &version(v), v);
+        versions.push((last_seq(&fs), version(v)));
+        fs.forget(held, 1);
+    }
+    // Orphans are reclaimed in batches; this one now.
+    fs.reclaim_queued();
+    let deltas = fs.store().read().unwrap().delta_survey().unwrap().0.len();
+    assert_eq!(deltas, 5, "each replaced version is a delta");
+    for (seq, want) in &versions {
+        assert!(show(&fs, "/mem.md", *seq).unwrap() == *want);
+    }
+    assert_checks(&fs);
+}
