@@ -204,9 +204,24 @@ impl Store {
         } else {
             w.inline_small_chunks()?
         };
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(
+            META_FORMAT,
+            &(schema::FORMAT_WHOLE_HISTORY_RECORDS as u64).to_le_bytes(),
+        )?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), files = n, "store format 4 migrated to 5: small files' content moved into their inode records");
+        Ok(())
+    }
+
+    /// Migrates a format-5 store: the table of undo parts is created; the records already
+    /// kept stay whole (version 1, read as they are), new ones are split.
+    fn add_undo_parts(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        w.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: new history records keep their undo entries in parts of bounded size");
         Ok(())
     }
 
@@ -231,6 +246,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_WITHOUT_INLINE as u64 => {
                 drop(r);
                 self.inline_small_files()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_WHOLE_HISTORY_RECORDS as u64 => {
+                drop(r);
+                self.add_undo_parts()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -272,6 +292,7 @@ impl Store {
             tx.open_table(ORPHANS).map_err(map_err)?;
             tx.open_table(BLOBREFS).map_err(map_err)?;
             tx.open_table(HISTORY).map_err(map_err)?;
+            tx.open_table(HISTORY_UNDO).map_err(map_err)?;
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
             tx.open_table(HISTORY_KEYS).map_err(map_err)?;

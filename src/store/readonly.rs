@@ -65,8 +65,12 @@ impl Store {
         let r = store.read()?;
         match r.meta_u64(META_FORMAT)? {
             // A format-4 store reads as it is: its content is all in blobs, which format 5
+            // reads too; a format-5 store too: its history records are whole, which format 6
             // reads too.
-            Some(v) if v == FORMAT_VERSION as u64 || v == FORMAT_WITHOUT_INLINE as u64 => {}
+            Some(v)
+                if v == FORMAT_VERSION as u64
+                    || v == FORMAT_WHOLE_HISTORY_RECORDS as u64
+                    || v == FORMAT_WITHOUT_INLINE as u64 => {}
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 return Err(needs("is of store format 2 and must be migrated"));
             }
