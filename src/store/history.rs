@@ -3,6 +3,9 @@
 //!
 //! Invariant kept here: a history record is appended in the same transaction as the changes
 //! it undoes, and every blob a record names keeps a reference until the record is dropped.
+//! A record's undo entries are written in parts of at most `UNDO_PART_BYTES` with it and
+//! removed with it, and everything that reads them (rollback, expiry, redact, the past,
+//! check) takes them a part at a time.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -1112,9 +1115,6 @@ impl WriteTxn<'_> {
             v
         };
         for seq in expired {
-            if self.record_header(seq)?.is_none() {
-                return Err(corrupt("history time index entry", seq));
-            }
             self.drop_record(seq)?;
         }
         Ok(())
