@@ -95,10 +95,8 @@ impl Fs {
             .check_reachable(seq)
             .map_err(|e| invalid(e.to_string()))?;
         let mut w = self.store().write()?;
-        let records = w.history_after(seq)?;
-        for rec in &records {
-            w.apply_undo(&rec.undo)?;
-        }
+        // Newest record first, each a part at a time.
+        let records = w.undo_after(seq)?;
         self.describe(
             &mut w,
             caller,
@@ -109,7 +107,7 @@ impl Fs {
             0,
         );
         self.commit_out_of_band(w)?;
-        Ok(records.len())
+        Ok(records)
     }
 
     /// Brings one file or directory tree back to its state at history point `seq`, in one

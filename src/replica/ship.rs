@@ -479,10 +479,12 @@ impl Shipper {
                 .map_or(shipped, |c| c.commit.min(shipped))
         );
         tracing::error!("{msg}");
+        // Status says so before the first change is refused: whoever meets EROFS and asks
+        // why finds the replica that fenced the mount.
+        lock(&self.lag).fenced = Some(msg.clone());
         self.fs.store().freeze(msg.clone());
         epoch::Fenced::note(self.fs.store(), &self.target.url, &msg);
         self.fenced = true;
-        lock(&self.lag).fenced = Some(msg);
     }
 
     /// One warning when the replica goes out of reach, one line when it is back.

@@ -75,6 +75,14 @@ impl ReadTxn {
         copy_table(&self.tx, &tx, ORPHANS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, BLOBREFS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
+        // A format-5 store read as it is has no parts table (its records are whole): the
+        // copy gets an empty one.
+        match self.tx.open_table(HISTORY_UNDO) {
+            Err(redb::TableError::TableDoesNotExist(_)) => {
+                tx.open_table(HISTORY_UNDO).map_err(map_err)?;
+            }
+            _ => copy_table(&self.tx, &tx, HISTORY_UNDO, &mut stats, progress)?,
+        }
         copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
         copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
         if self.has_deltas_table()? {

@@ -189,6 +189,7 @@ impl Store {
         sync_noting(&src, &tx, FILEMAP, &mut changed, &n)?;
         sync_table(&src, &tx, ORPHANS, &mut |_| false)?;
         sync_table(&src, &tx, BLOBREFS, &mut |_| false)?;
+        sync_table(&src, &tx, HISTORY_UNDO, &mut |_| false)?;
         sync_table(&src, &tx, MARKS, &mut |_| false)?;
         sync_table(&src, &tx, REDACTED, &mut |_| false)?;
         sync_table(&src, &tx, DELTAS, &mut |_| false)?;

@@ -3,6 +3,9 @@
 //!
 //! Invariant kept here: a history record is appended in the same transaction as the changes
 //! it undoes, and every blob a record names keeps a reference until the record is dropped.
+//! A record's undo entries are written in parts of at most `UNDO_PART_BYTES` with it and
+//! removed with it, and everything that reads them (rollback, expiry, redact, the past,
+//! check) takes them a part at a time.
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -46,7 +49,7 @@ impl Store {
         }
         let mut w = self.write()?;
         w.without_history();
-        let n = w.history_after(0)?.len();
+        let n = w.history_seqs_after(0)?.len();
         if n == 0 {
             return Ok(());
         }
@@ -64,7 +67,7 @@ impl Store {
 }
 
 impl ReadTxn {
-    /// History records, newest first, with seq in `range`.
+    /// History records, newest first, with seq in `range`, without their undo entries.
     pub fn history(
         &self,
         range: std::ops::RangeInclusive<u64>,
@@ -74,26 +77,182 @@ impl ReadTxn {
         for item in t.range(range).map_err(map_err)?.rev() {
             let (k, v) = item.map_err(map_err)?;
             out.push(
-                HistoryRecord::decode(k.value(), v.value())
+                HistoryRecord::decode_summary(k.value(), v.value())
                     .ok_or_else(|| corrupt("history record", k.value()))?,
             );
         }
         Ok(out)
     }
 
-    /// Calls `f` on every history record, oldest first, one at a time (memory stays flat
-    /// however long the history).
+    /// The table of undo parts; None in a format-5 store read as it is (its records hold
+    /// their entries).
+    fn undo_table(&self) -> Result<Option<UndoTable>, StoreError> {
+        match self.tx.open_table(HISTORY_UNDO) {
+            Ok(t) => Ok(Some(t)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Calls `f` on every history record, oldest first, one at a time, whole (with its undo
+    /// entries): memory stays flat however long the history, but holds the largest record.
     pub fn for_each_record(
         &self,
         mut f: impl FnMut(HistoryRecord) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let parts = self.undo_table()?;
         for item in t.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
-            f(HistoryRecord::decode(k.value(), v.value())
-                .ok_or_else(|| corrupt("history record", k.value()))?)?;
+            let mut r = HistoryRecord::decode(k.value(), v.value())
+                .ok_or_else(|| corrupt("history record", k.value()))?;
+            fill_undo(parts.as_ref(), &mut r)?;
+            f(r)?;
         }
         Ok(())
+    }
+
+    /// Calls `f` on every undo entry of every history record with that record's seq, oldest
+    /// record first, in each record's order, one part at a time: memory stays flat however
+    /// large a record.
+    pub fn for_each_undo(
+        &self,
+        mut f: impl FnMut(u64, &Undo) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let parts = self.undo_table()?;
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let r = HistoryRecord::decode(k.value(), v.value())
+                .ok_or_else(|| corrupt("history record", k.value()))?;
+            each_undo(parts.as_ref(), &r, &mut |u| f(r.seq, u))?;
+        }
+        Ok(())
+    }
+
+    /// The first of record `seq`'s undo entries (in its order) for which `find` gives
+    /// something, read part by part until found.
+    pub(super) fn find_undo<T>(
+        &self,
+        seq: u64,
+        mut find: impl FnMut(Undo) -> Option<T>,
+    ) -> Result<Option<T>, StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let r = t
+            .get(seq)
+            .map_err(map_err)?
+            .and_then(|v| HistoryRecord::decode(seq, v.value()))
+            .ok_or_else(|| corrupt("history record", seq))?;
+        if r.undo_parts.is_none() {
+            return Ok(r.undo.into_iter().find_map(find));
+        }
+        let parts = self.undo_table()?;
+        for p in 0..r.undo_parts.unwrap_or(0) {
+            let found = read_part(parts.as_ref(), seq, p)?
+                .into_iter()
+                .find_map(&mut find);
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Where history's undo parts disagree with the records (for check): every version-2
+    /// record's parts 0..n present, each decoding whole and within `UNDO_PART_BYTES`, with
+    /// the number of entries its header gives; no part without its record. One merge of
+    /// both tables in key order, a part at a time.
+    pub fn undo_part_findings(&self) -> Result<Vec<String>, StoreError> {
+        let mut findings = Vec::new();
+        let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let Some(parts) = self.undo_table()? else {
+            return Ok(findings);
+        };
+        let mut rows = parts.iter().map_err(map_err)?;
+        // The next row: (seq, part, bytes).
+        let mut next_row = || -> Result<Option<(u64, u32, Vec<u8>)>, StoreError> {
+            match rows.next() {
+                None => Ok(None),
+                Some(item) => {
+                    let (k, v) = item.map_err(map_err)?;
+                    let (seq, part) = k.value();
+                    Ok(Some((seq, part, v.value().to_vec())))
+                }
+            }
+        };
+        let mut pending = next_row()?;
+        for item in hist.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let seq = k.value();
+            let Some(r) = HistoryRecord::decode_summary(seq, v.value()) else {
+                findings.push(format!("history record {seq} does not decode"));
+                continue;
+            };
+            // Parts of records that do not exist, before this one.
+            while let Some((s, p, _)) = &pending
+                && *s < seq
+            {
+                findings.push(format!(
+                    "history_undo holds part {p} of record {s}, which does not exist"
+                ));
+                pending = next_row()?;
+            }
+            let want = r.undo_parts.unwrap_or(0);
+            let mut entries = 0u64;
+            let mut next = 0u32;
+            // Whether a part is missing or undecodable (the entry count then says nothing).
+            let mut broken = false;
+            while let Some((s, p, bytes)) = &pending
+                && *s == seq
+            {
+                if *p >= want {
+                    findings.push(format!(
+                        "history_undo holds part {p} of record {seq}, which has {want} parts"
+                    ));
+                } else if *p != next {
+                    findings.push(format!(
+                        "history record {seq} lacks part {next} of its undo entries"
+                    ));
+                    broken = true;
+                    next = *p + 1;
+                } else {
+                    next += 1;
+                }
+                if bytes.len() > UNDO_PART_BYTES {
+                    findings.push(format!(
+                        "part {p} of history record {seq} is {} bytes, over the bound of {UNDO_PART_BYTES}",
+                        bytes.len()
+                    ));
+                }
+                match decode_undo_part(bytes) {
+                    Some(u) => entries += u.len() as u64,
+                    None => {
+                        broken = true;
+                        findings.push(format!("part {p} of history record {seq} does not decode"));
+                    }
+                }
+                pending = next_row()?;
+            }
+            if r.undo_parts.is_some() {
+                if next < want {
+                    findings.push(format!(
+                        "history record {seq} lacks part {next} of its undo entries"
+                    ));
+                } else if !broken && entries != r.undo_len {
+                    findings.push(format!(
+                        "history record {seq} has {} undo entries but its parts hold {entries}",
+                        r.undo_len
+                    ));
+                }
+            }
+        }
+        while let Some((s, p, _)) = &pending {
+            findings.push(format!(
+                "history_undo holds part {p} of record {s}, which does not exist"
+            ));
+            pending = next_row()?;
+        }
+        Ok(findings)
     }
 
     /// Where history's indexes disagree with the records (for check): each record's keys,
@@ -215,9 +374,7 @@ impl ReadTxn {
         let mut w = s.write()?;
         w.without_history();
         w.without_quotas();
-        for rec in w.history_after(seq)? {
-            w.apply_undo(&rec.undo)?;
-        }
+        w.undo_after(seq)?;
         w.truncate_history_after(seq)?;
         w.commit(Sync::Durable)
     }
@@ -287,10 +444,17 @@ impl ReadTxn {
         limit: usize,
         undo: bool,
     ) -> Result<(Vec<HistoryRecord>, Option<LogCursor>), StoreError> {
-        let decode = if undo {
-            HistoryRecord::decode
-        } else {
-            HistoryRecord::decode_summary
+        let parts = if undo { self.undo_table()? } else { None };
+        let decode = |seq: u64, b: &[u8]| -> Result<HistoryRecord, StoreError> {
+            let mut r = match undo {
+                true => HistoryRecord::decode(seq, b),
+                false => HistoryRecord::decode_summary(seq, b),
+            }
+            .ok_or_else(|| corrupt("history record", seq))?;
+            if undo {
+                fill_undo(parts.as_ref(), &mut r)?;
+            }
+            Ok(r)
         };
         let stop = match since_ns {
             None => 0,
@@ -306,9 +470,7 @@ impl ReadTxn {
         let get = |seq: u64| -> Result<Option<HistoryRecord>, StoreError> {
             match hist.get(seq).map_err(map_err)? {
                 None => Ok(None),
-                Some(v) => decode(seq, v.value())
-                    .map(Some)
-                    .ok_or_else(|| corrupt("history record", seq)),
+                Some(v) => decode(seq, v.value()).map(Some),
             }
         };
         let recent = |r: &HistoryRecord| since_ns.is_none_or(|s| r.time >= s);
@@ -325,8 +487,7 @@ impl ReadTxn {
                     return Ok((out, Some(next)));
                 }
                 let (k, v) = item.map_err(map_err)?;
-                let r = decode(k.value(), v.value())
-                    .ok_or_else(|| corrupt("history record", k.value()))?;
+                let r = decode(k.value(), v.value())?;
                 if recent(&r) {
                     out.push(r);
                 }
@@ -439,139 +600,114 @@ impl IndexCheck {
         paths: &redb::ReadOnlyTable<(&str, u64), ()>,
         times: &redb::ReadOnlyTable<(i64, u64), ()>,
     ) -> Result<(), StoreError> {
-        use redb::ReadableTableMetadata;
-        use std::cmp::Ordering::{Equal, Greater, Less};
-        // A scanned entry costs a fraction of a lookup: scan unless the index is this much
-        // larger than the batch.
-        const SCAN_UP_TO: u64 = 8;
-        let scan = |index_len: u64, batch: usize| index_len <= SCAN_UP_TO * batch as u64;
-        let hash = |hasher: &std::collections::hash_map::RandomState, v: &[u8]| {
-            std::hash::BuildHasher::hash_one(hasher, v)
-        };
+        let hasher = &self.hasher;
+        let (findings, n_keys) = (&mut self.findings, &mut self.n_keys);
         self.keys
             .sort_unstable_by(|a, b| (a.0.as_slice(), a.1).cmp(&(b.0.as_slice(), b.1)));
-        if let (Some(lo), Some(hi)) = (self.keys.first(), self.keys.last()) {
-            let mut index = match scan(keys.len().map_err(map_err)?, self.keys.len()) {
-                true => Some(
-                    keys.range((lo.0.as_slice(), lo.1)..=(hi.0.as_slice(), hi.1))
-                        .map_err(map_err)?,
-                ),
-                false => None,
-            };
-            let mut held = match &mut index {
-                Some(index) => index.next().transpose().map_err(map_err)?,
-                None => None,
-            };
-            for (key, seq, value, required) in std::mem::take(&mut self.keys) {
-                let mut found = None;
-                match &mut index {
-                    None => {
-                        if let Some(v) = keys.get((key.as_slice(), seq)).map_err(map_err)? {
-                            found = Some(hash(&self.hasher, v.value()));
-                        }
-                    }
-                    Some(index) => {
-                        while let Some((k, v)) = &held {
-                            match k.value().cmp(&(key.as_slice(), seq)) {
-                                Less => {}
-                                Equal => found = Some(hash(&self.hasher, v.value())),
-                                Greater => break,
-                            }
-                            held = index.next().transpose().map_err(map_err)?;
-                            if found.is_some() {
-                                break;
-                            }
-                        }
-                    }
-                }
+        merge_index(
+            keys,
+            std::mem::take(&mut self.keys),
+            |w| (w.0.as_slice(), w.1),
+            |(_, seq, value, required), held| {
+                let found = held.map(|v| std::hash::BuildHasher::hash_one(hasher, v));
                 if found.is_some() {
-                    self.n_keys += 1;
+                    *n_keys += 1;
                 }
                 if found != Some(value) && (required || found.is_some()) {
-                    self.findings.push(format!(
+                    findings.push(format!(
                         "history record {seq} changed a key its index does not hold as it was"
                     ));
                 }
-            }
-        }
+            },
+        )?;
         self.paths.sort_unstable();
-        if let (Some(lo), Some(hi)) = (self.paths.first(), self.paths.last()) {
-            let mut index = match scan(paths.len().map_err(map_err)?, self.paths.len()) {
-                true => Some(
-                    paths
-                        .range((lo.0.as_str(), lo.1)..=(hi.0.as_str(), hi.1))
-                        .map_err(map_err)?,
-                ),
-                false => None,
-            };
-            let mut held = match &mut index {
-                Some(index) => index.next().transpose().map_err(map_err)?,
-                None => None,
-            };
-            for (path, seq) in std::mem::take(&mut self.paths) {
-                let mut found = false;
-                match &mut index {
-                    None => found = paths.get((path.as_str(), seq)).map_err(map_err)?.is_some(),
-                    Some(index) => {
-                        while let Some((k, _)) = &held {
-                            match k.value().cmp(&(path.as_str(), seq)) {
-                                Less => {}
-                                Equal => found = true,
-                                Greater => break,
-                            }
-                            held = index.next().transpose().map_err(map_err)?;
-                            if found {
-                                break;
-                            }
-                        }
-                    }
-                }
-                if !found {
-                    self.findings.push(format!(
+        let n_paths = &mut self.n_paths;
+        merge_index(
+            paths,
+            std::mem::take(&mut self.paths),
+            |w| (w.0.as_str(), w.1),
+            |(path, seq), held| {
+                if held.is_none() {
+                    findings.push(format!(
                         "history record {seq} names {path:?}, which its path index lacks"
                     ));
                 }
-                self.n_paths += 1;
-            }
-        }
+                *n_paths += 1;
+            },
+        )?;
         self.times.sort_unstable();
-        if let (Some(lo), Some(hi)) = (self.times.first(), self.times.last()) {
-            let mut index = match scan(times.len().map_err(map_err)?, self.times.len()) {
-                true => Some(times.range(*lo..=*hi).map_err(map_err)?),
-                false => None,
-            };
-            let mut held = match &mut index {
-                Some(index) => index.next().transpose().map_err(map_err)?,
-                None => None,
-            };
-            for (time, seq) in std::mem::take(&mut self.times) {
-                let mut found = false;
-                match &mut index {
-                    None => found = times.get((time, seq)).map_err(map_err)?.is_some(),
-                    Some(index) => {
-                        while let Some((k, _)) = &held {
-                            match k.value().cmp(&(time, seq)) {
-                                Less => {}
-                                Equal => found = true,
-                                Greater => break,
-                            }
-                            held = index.next().transpose().map_err(map_err)?;
-                            if found {
-                                break;
-                            }
-                        }
-                    }
-                }
-                if !found {
-                    self.findings.push(format!(
+        let n_times = &mut self.n_times;
+        merge_index(
+            times,
+            std::mem::take(&mut self.times),
+            |w| *w,
+            |(_, seq), held| {
+                if held.is_none() {
+                    findings.push(format!(
                         "history record {seq} is missing from the time index"
                     ));
                 }
-                self.n_times += 1;
+                *n_times += 1;
+            },
+        )
+    }
+}
+
+/// Merges `wanted` (sorted as `index` orders its keys) with `index`: `visit` gets each
+/// wanted entry, in order, with the index's value at its key (None: absent). By one ordered
+/// scan of the index between the first and last wanted key, or, where that stretch may hold
+/// many times more entries than are wanted (a long history checked in several batches), by
+/// a lookup per entry.
+fn merge_index<K, V, W>(
+    index: &redb::ReadOnlyTable<K, V>,
+    wanted: Vec<W>,
+    key: impl Fn(&W) -> K::SelfType<'_>,
+    mut visit: impl FnMut(W, Option<&[u8]>),
+) -> Result<(), StoreError>
+where
+    K: redb::Key + 'static,
+    V: redb::Value + 'static,
+{
+    use redb::ReadableTableMetadata;
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    // A scanned entry costs a fraction of a lookup: scan unless the index is this much
+    // larger than the batch.
+    const SCAN_UP_TO: u64 = 8;
+    let (Some(lo), Some(hi)) = (wanted.first(), wanted.last()) else {
+        return Ok(());
+    };
+    if index.len().map_err(map_err)? > SCAN_UP_TO * wanted.len() as u64 {
+        for w in wanted {
+            let held = index.get(key(&w)).map_err(map_err)?;
+            let bytes = held
+                .as_ref()
+                .map(|v| V::as_bytes(&v.value()).as_ref().to_vec());
+            visit(w, bytes.as_deref());
+        }
+        return Ok(());
+    }
+    let mut scan = index.range(key(lo)..=key(hi)).map_err(map_err)?;
+    let mut held = scan.next().transpose().map_err(map_err)?;
+    for w in wanted {
+        let mut found = None;
+        while let Some((k, v)) = &held {
+            let order = K::compare(
+                K::as_bytes(&k.value()).as_ref(),
+                K::as_bytes(&key(&w)).as_ref(),
+            );
+            match order {
+                Less => {}
+                Equal => found = Some(V::as_bytes(&v.value()).as_ref().to_vec()),
+                Greater => break,
+            }
+            held = scan.next().transpose().map_err(map_err)?;
+            if found.is_some() {
+                break;
             }
         }
-        Ok(())
+        visit(w, found.as_deref());
     }
+    Ok(())
 }
 
 /// Where a paged `log` goes on from: the next record is older than `before`; a path's log
@@ -618,6 +754,65 @@ fn self_and_above(path: &str) -> impl Iterator<Item = &str> {
         };
         Some(cur)
     })
+}
+
+/// `history_undo`, read.
+type UndoTable = redb::ReadOnlyTable<(u64, u32), &'static [u8]>;
+
+/// Part `part` of record `seq`'s undo entries, decoded.
+fn read_part<T: ReadableTable<(u64, u32), &'static [u8]>>(
+    parts: Option<&T>,
+    seq: u64,
+    part: u32,
+) -> Result<Vec<Undo>, StoreError> {
+    let bad = || {
+        StoreError::Corrupt(format!(
+            "part {part} of history record {seq} is missing or does not decode"
+        ))
+    };
+    let t = parts.ok_or_else(bad)?;
+    let v = t.get((seq, part)).map_err(map_err)?.ok_or_else(bad)?;
+    decode_undo_part(v.value()).ok_or_else(bad)
+}
+
+/// Reads a version-2 record's undo entries from its parts into `r.undo` (a version-1
+/// record's are there already).
+fn fill_undo<T: ReadableTable<(u64, u32), &'static [u8]>>(
+    parts: Option<&T>,
+    r: &mut HistoryRecord,
+) -> Result<(), StoreError> {
+    let Some(n) = r.undo_parts else {
+        return Ok(());
+    };
+    for p in 0..n {
+        let entries = read_part(parts, r.seq, p)?;
+        r.undo.extend(entries);
+    }
+    if r.undo.len() as u64 != r.undo_len {
+        return Err(StoreError::Corrupt(format!(
+            "history record {} has {} undo entries but its parts hold {}",
+            r.seq,
+            r.undo_len,
+            r.undo.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Calls `f` on each of record `r`'s undo entries in order: a version-1 record's from
+/// `r.undo`, a version-2 record's read one part at a time.
+fn each_undo<T: ReadableTable<(u64, u32), &'static [u8]>>(
+    parts: Option<&T>,
+    r: &HistoryRecord,
+    f: &mut dyn FnMut(&Undo) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let Some(n) = r.undo_parts else {
+        return r.undo.iter().try_for_each(f);
+    };
+    for p in 0..n {
+        read_part(parts, r.seq, p)?.iter().try_for_each(&mut *f)?;
+    }
+    Ok(())
 }
 
 /// The `history_keys` entries of record `r`: (key, before-image, required), each key once
@@ -751,6 +946,8 @@ impl WriteTxn<'_> {
                     _ => String::new(),
                 },
                 redacted: false,
+                undo_len: c.undo.len() as u64,
+                undo_parts: None,
                 undo: c.undo,
                 conflict: info.conflict,
             };
@@ -806,50 +1003,108 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
-    /// History records with seq above `after`, newest first.
-    pub fn history_after(&self, after: u64) -> Result<Vec<HistoryRecord>, StoreError> {
+    /// The seqs of history records above `after`, newest first (their headers only are read).
+    pub fn history_seqs_after(&self, after: u64) -> Result<Vec<u64>, StoreError> {
         let t = self.tx.open_table(HISTORY).map_err(map_err)?;
         let mut out = Vec::new();
         for item in t.range(after + 1..).map_err(map_err)?.rev() {
-            let (k, v) = item.map_err(map_err)?;
-            out.push(
-                HistoryRecord::decode(k.value(), v.value())
-                    .ok_or_else(|| corrupt("history record", k.value()))?,
-            );
+            out.push(item.map_err(map_err)?.0.value());
         }
         Ok(out)
     }
 
+    /// Record `seq`'s header (a version-1 record's undo entries with it), if it is kept.
+    fn record_header(&self, seq: u64) -> Result<Option<HistoryRecord>, StoreError> {
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let Some(v) = t.get(seq).map_err(map_err)? else {
+            return Ok(None);
+        };
+        HistoryRecord::decode(seq, v.value())
+            .map(Some)
+            .ok_or_else(|| corrupt("history record", seq))
+    }
+
+    /// Part `part` of record `seq`'s undo entries.
+    fn undo_part(&self, seq: u64, part: u32) -> Result<Vec<Undo>, StoreError> {
+        let t = self.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
+        read_part(Some(&t), seq, part)
+    }
+
+    /// Applies the undo entries of every record above `after`, newest record and newest
+    /// change first, one part at a time (the store goes back to point `after`); how many
+    /// records that was. The records stay: see `truncate_history_after`.
+    pub fn undo_after(&mut self, after: u64) -> Result<usize, StoreError> {
+        let seqs = self.history_seqs_after(after)?;
+        for &seq in &seqs {
+            let r = self
+                .record_header(seq)?
+                .ok_or_else(|| corrupt("history record", seq))?;
+            match r.undo_parts {
+                None => self.apply_undo(&r.undo)?,
+                Some(n) => {
+                    for p in (0..n).rev() {
+                        let entries = self.undo_part(seq, p)?;
+                        self.apply_undo(&entries)?;
+                    }
+                }
+            }
+        }
+        Ok(seqs.len())
+    }
+
     /// Removes history records with seq above `after`, releasing what they kept alive.
     pub fn truncate_history_after(&mut self, after: u64) -> Result<(), StoreError> {
-        for r in self.history_after(after)? {
-            self.drop_record(&r)?;
+        for seq in self.history_seqs_after(after)? {
+            self.drop_record(seq)?;
         }
         Ok(())
     }
 
-    fn drop_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
-        for u in &r.undo {
-            if let Undo::Filemap { old: Some(b), .. } = u {
-                self.blob_unref(*b);
+    /// Removes record `seq`, its parts and its index entries, releasing the blobs its
+    /// before-images kept alive: one part at a time.
+    fn drop_record(&mut self, seq: u64) -> Result<(), StoreError> {
+        let r = self
+            .record_header(seq)?
+            .ok_or_else(|| corrupt("history record", seq))?;
+        self.step(1 + r.undo_len + r.paths.len() as u64);
+        let release = |w: &mut Self, undo: &[Undo]| -> Result<(), StoreError> {
+            for u in undo {
+                if let Undo::Filemap { old: Some(b), .. } = u {
+                    w.blob_unref(*b);
+                }
+            }
+            w.unindex_entries(seq, undo)
+        };
+        match r.undo_parts {
+            None => release(self, &r.undo)?,
+            Some(n) => {
+                for p in 0..n {
+                    let entries = self.undo_part(seq, p)?;
+                    release(self, &entries)?;
+                    self.tx
+                        .open_table(HISTORY_UNDO)
+                        .map_err(map_err)?
+                        .remove((seq, p))
+                        .map_err(map_err)?;
+                    redo_del(&self.redo, HISTORY_UNDO, &(seq, p));
+                }
             }
         }
-        self.unindex_record(r)?;
+        self.unindex_header(&r)?;
         self.tx
             .open_table(HISTORY)
             .map_err(map_err)?
-            .remove(r.seq)
+            .remove(seq)
             .map_err(map_err)?;
-        redo_del(&self.redo, HISTORY, &r.seq);
+        redo_del(&self.redo, HISTORY, &seq);
         Ok(())
     }
 
     /// Drops up to `max` records older than `cutoff` (ns since the epoch).
     fn expire_history(&mut self, cutoff: i64, max: usize) -> Result<(), StoreError> {
         // Every commit asks, so the question goes to the time index, whose keys are small:
-        // the oldest record itself may be an import's of many megabytes, and reading it at
-        // each commit made every commit cost (and allocate) its size.
-        // Counted as work: one step for the look, and each record read at its size.
+        // the oldest record may be an import's with many parts, dropped a part at a time.
+        // Counted as work: one step for the look, and each record at its entries.
         self.step(1);
         let expired: Vec<u64> = {
             let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
@@ -859,26 +1114,8 @@ impl WriteTxn<'_> {
             }
             v
         };
-        if expired.is_empty() {
-            return Ok(());
-        }
-        let old: Vec<HistoryRecord> = {
-            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
-            let mut v = Vec::with_capacity(expired.len());
-            for seq in expired {
-                let val = t
-                    .get(seq)
-                    .map_err(map_err)?
-                    .ok_or_else(|| corrupt("history time index entry", seq))?;
-                let r = HistoryRecord::decode(seq, val.value())
-                    .ok_or_else(|| corrupt("history record", seq))?;
-                self.step(r.undo.len() as u64);
-                v.push(r);
-            }
-            v
-        };
-        for r in &old {
-            self.drop_record(r)?;
+        for seq in expired {
+            self.drop_record(seq)?;
         }
         Ok(())
     }
@@ -899,59 +1136,106 @@ impl WriteTxn<'_> {
             Undo::Inode { old: Some(b), .. } => inline_part(b).is_some_and(|p| parts.contains(p)),
             _ => false,
         };
-        let mut hit = Vec::new();
-        {
-            let t = self.tx.open_table(HISTORY).map_err(map_err)?;
-            for item in t.iter().map_err(map_err)? {
-                let (k, v) = item.map_err(map_err)?;
-                let r = HistoryRecord::decode(k.value(), v.value())
-                    .ok_or_else(|| corrupt("history record", k.value()))?;
-                if r.undo.iter().any(holds) {
-                    hit.push(r);
-                }
-            }
-        }
         let mut erased = std::collections::HashSet::new();
-        for mut r in hit {
-            let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-            for u in &mut r.undo {
+        // Erases in `undo` what `holds`, and in the key index; whether anything was.
+        let mut erase = |w: &Self, seq: u64, undo: &mut [Undo]| -> Result<bool, StoreError> {
+            let mut keys = w.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            let mut hit = false;
+            for u in undo.iter_mut() {
                 if !holds(u) {
                     continue;
                 }
                 let Undo::Inode { old: Some(b), .. } = u else {
                     continue;
                 };
+                hit = true;
                 erased.insert(inline_part(b).map(<[u8]>::to_vec));
                 *b = redact_inline(b);
                 let k = u.key();
-                if keys.get((k.as_slice(), r.seq)).map_err(map_err)?.is_some() {
+                if keys.get((k.as_slice(), seq)).map_err(map_err)?.is_some() {
                     let v = index_value(u);
-                    keys.insert((k.as_slice(), r.seq), v.as_slice())
+                    keys.insert((k.as_slice(), seq), v.as_slice())
                         .map_err(map_err)?;
-                    redo_put(
-                        &self.redo,
-                        HISTORY_KEYS,
-                        &(k.as_slice(), r.seq),
-                        &v.as_slice(),
-                    );
+                    redo_put(&w.redo, HISTORY_KEYS, &(k.as_slice(), seq), &v.as_slice());
                 }
             }
-            drop(keys);
-            r.redacted = true;
-            self.put_record(&r)?;
+            Ok(hit)
+        };
+        for seq in self.history_seqs_after(0)? {
+            let Some(mut r) = self.record_header(seq)? else {
+                continue;
+            };
+            let hit = match r.undo_parts {
+                // A version-1 record is written again split, whole.
+                None => {
+                    let mut undo = std::mem::take(&mut r.undo);
+                    let hit = erase(self, seq, &mut undo)?;
+                    r.undo = undo;
+                    if hit {
+                        r.redacted = true;
+                        self.put_record(&r)?;
+                    }
+                    false
+                }
+                // A version-2 record: only the parts that held a version, one at a time.
+                Some(n) => {
+                    let mut hit = false;
+                    for p in 0..n {
+                        let mut undo = self.undo_part(seq, p)?;
+                        if erase(self, seq, &mut undo)? {
+                            hit = true;
+                            let mut b = Vec::new();
+                            let one = undo_parts::<StoreError>(&undo, |_, part| {
+                                b = part.to_vec();
+                                Ok(())
+                            })?;
+                            // An entry only shrinks: the part still fits in one.
+                            debug_assert!(one <= 1);
+                            self.put_part(seq, p, &b)?;
+                        }
+                    }
+                    hit
+                }
+            };
+            if hit {
+                r.redacted = true;
+                self.put_header(&r)?;
+            }
         }
         Ok(erased.len())
     }
 
-    /// Rewrites one history record (redaction).
+    /// Writes record `r` whole (its undo entries in `r.undo`): its header in `history`, its
+    /// entries in `history_undo` parts, each encoded and put as it fills.
     pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
-        let bytes = r.encode();
+        let n = undo_parts::<StoreError>(&r.undo, |p, bytes| self.put_part(r.seq, p, bytes))?;
+        let bytes = r.encode_header_v2(r.undo.len() as u64, n);
+        self.put_history_value(r.seq, &bytes)
+    }
+
+    /// Rewrites a version-2 record's header (its parts unchanged).
+    fn put_header(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        let bytes = r.encode_header_v2(r.undo_len, r.undo_parts.unwrap_or(0));
+        self.put_history_value(r.seq, &bytes)
+    }
+
+    fn put_history_value(&mut self, seq: u64, bytes: &[u8]) -> Result<(), StoreError> {
         self.tx
             .open_table(HISTORY)
             .map_err(map_err)?
-            .insert(r.seq, bytes.as_slice())
+            .insert(seq, bytes)
             .map_err(map_err)?;
-        redo_put(&self.redo, HISTORY, &r.seq, &bytes.as_slice());
+        redo_put(&self.redo, HISTORY, &seq, &bytes);
+        Ok(())
+    }
+
+    fn put_part(&self, seq: u64, part: u32, bytes: &[u8]) -> Result<(), StoreError> {
+        self.tx
+            .open_table(HISTORY_UNDO)
+            .map_err(map_err)?
+            .insert((seq, part), bytes)
+            .map_err(map_err)?;
+        redo_put(&self.redo, HISTORY_UNDO, &(seq, part), &bytes);
         Ok(())
     }
 
@@ -984,15 +1268,19 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
-    /// Removes `r` from history's indexes.
-    fn unindex_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
-        self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
+    /// Removes the key index entries of record `seq`'s undo entries `undo`.
+    fn unindex_entries(&self, seq: u64, undo: &[Undo]) -> Result<(), StoreError> {
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        for u in &r.undo {
+        for u in undo {
             let k = u.key();
-            keys.remove((k.as_slice(), r.seq)).map_err(map_err)?;
-            redo_del(&self.redo, HISTORY_KEYS, &(k.as_slice(), r.seq));
+            keys.remove((k.as_slice(), seq)).map_err(map_err)?;
+            redo_del(&self.redo, HISTORY_KEYS, &(k.as_slice(), seq));
         }
+        Ok(())
+    }
+
+    /// Removes record `r` from the path and time indexes.
+    fn unindex_header(&self, r: &HistoryRecord) -> Result<(), StoreError> {
         let mut paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
         for p in &r.paths {
             paths.remove((p.as_str(), r.seq)).map_err(map_err)?;
@@ -1012,13 +1300,14 @@ impl WriteTxn<'_> {
             // In batches, so memory stays bounded however long the history is.
             let batch: Vec<HistoryRecord> = {
                 let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+                let parts = self.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
                 let mut v = Vec::new();
                 for item in t.range(after + 1..).map_err(map_err)?.take(4096) {
                     let (k, val) = item.map_err(map_err)?;
-                    v.push(
-                        HistoryRecord::decode(k.value(), val.value())
-                            .ok_or_else(|| corrupt("history record", k.value()))?,
-                    );
+                    let mut r = HistoryRecord::decode(k.value(), val.value())
+                        .ok_or_else(|| corrupt("history record", k.value()))?;
+                    fill_undo(Some(&parts), &mut r)?;
+                    v.push(r);
                 }
                 v
             };
@@ -1243,5 +1532,233 @@ mod tests {
             let part = past.inline_part_of(ino).unwrap().unwrap();
             assert!(part.ends_with(v.as_bytes()));
         }
+    }
+
+    /// Every value in `table`, with its key's seq.
+    fn values_of<K: redb::Key + 'static>(
+        r: &ReadTxn,
+        def: redb::TableDefinition<K, &[u8]>,
+    ) -> Vec<usize> {
+        let t = r.tx.open_table(def).unwrap();
+        t.iter()
+            .unwrap()
+            .map(|item| item.unwrap().1.value().len())
+            .collect()
+    }
+
+    fn parts_of(r: &ReadTxn, seq: u64) -> Vec<u32> {
+        let t = r.tx.open_table(HISTORY_UNDO).unwrap();
+        t.range((seq, 0)..=(seq, u32::MAX))
+            .unwrap()
+            .map(|item| item.unwrap().0.value().1)
+            .collect()
+    }
+
+    /// A history record held its whole undo list in one value: an import of a million files
+    /// made one of 85 MB, which a snapshot copied whole and the next commit read whole. Now
+    /// a record's entries are in parts of bounded size. Here an import and a rollback of
+    /// 5,000 files (blobs and all) each make a record of several parts: no value in
+    /// `history` or `history_undo` exceeds the bound; rolling back and forth restores the
+    /// tree exactly; `check` passes, and finds a part deleted, damaged or orphaned; expiry
+    /// drops every part and every blob reference the records kept.
+    #[test]
+    fn large_records_are_kept_in_bounded_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let mut want = std::collections::BTreeMap::new();
+        for d in 0..50 {
+            std::fs::create_dir_all(src.join(format!("d{d:02}"))).unwrap();
+            for f in 0..100 {
+                let path = format!("d{d:02}/f{f:03}.md");
+                let text = format!("{path} ").repeat(300);
+                std::fs::write(src.join(&path), &text).unwrap();
+                want.insert(path, text);
+            }
+        }
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let limits = Limits::default();
+        crate::tools::import(&store, &limits, &src, "/", true, &mut |_| {}).unwrap();
+        let fs = Fs::new(store, limits).unwrap();
+        let imported = fs.store().read().unwrap().last_seq().unwrap();
+        let tree = |fs: &Fs| {
+            let mut got = std::collections::BTreeMap::new();
+            let r = fs.store().read().unwrap();
+            for d in r.list(ROOT_INO).unwrap() {
+                if d.kind != Kind::Dir {
+                    continue;
+                }
+                for f in r.list(d.ino).unwrap() {
+                    let size = r.inode(f.ino).unwrap().unwrap().size;
+                    let c = r.chunks(f.ino, 0, size.div_ceil(CHUNK_SIZE)).unwrap();
+                    let text = String::from_utf8(c.into_iter().flatten().flatten().collect());
+                    got.insert(format!("{}/{}", d.name, f.name), text.unwrap());
+                }
+            }
+            got
+        };
+        let check = |fs: &Fs| crate::check::invariants(&fs.store().read().unwrap()).unwrap();
+        assert_eq!(tree(&fs), want);
+
+        fs.rollback(ME, 0).unwrap();
+        let rolled = fs.store().read().unwrap().last_seq().unwrap();
+        assert!(tree(&fs).is_empty());
+        fs.rollback(ME, imported).unwrap();
+        assert_eq!(
+            tree(&fs),
+            want,
+            "rolled forward again, the tree is as imported"
+        );
+        let back = fs.store().read().unwrap().last_seq().unwrap();
+        {
+            let r = fs.store().read().unwrap();
+            for seq in [imported, rolled, back] {
+                let n = parts_of(&r, seq).len();
+                assert!(n >= 3, "record {seq} has {n} parts");
+                assert_eq!(parts_of(&r, seq), (0..n as u32).collect::<Vec<_>>());
+            }
+            let parts = values_of(&r, HISTORY_UNDO);
+            let headers = values_of(&r, HISTORY);
+            assert!(parts.iter().all(|&n| n <= UNDO_PART_BYTES), "{parts:?}");
+            assert!(headers.iter().all(|&n| n <= 1024), "{headers:?}");
+            // The rollback's record keeps the blobs of the files it removed.
+            let blob_refs = r
+                .history_of(None, None, usize::MAX)
+                .unwrap()
+                .into_iter()
+                .find(|h| h.seq == rolled)
+                .unwrap()
+                .undo
+                .iter()
+                .filter(|u| matches!(u, Undo::Filemap { old: Some(_), .. }))
+                .count();
+            assert_eq!(blob_refs, want.len());
+        }
+        assert_eq!(check(&fs), Vec::<String>::new());
+
+        // A part deleted, damaged, or left without its record: check says which.
+        let saved = {
+            let r = fs.store().read().unwrap();
+            let t = r.tx.open_table(HISTORY_UNDO).unwrap();
+            t.get((rolled, 1)).unwrap().unwrap().value().to_vec()
+        };
+        type Parts<'t> = redb::Table<'t, (u64, u32), &'static [u8]>;
+        let change = |f: &dyn Fn(&mut Parts<'_>)| {
+            let mut w = fs.store().write().unwrap();
+            w.without_history();
+            f(&mut w.tx.open_table(HISTORY_UNDO).unwrap());
+            w.commit(Sync::Durable).unwrap();
+        };
+        change(&|t| {
+            t.remove((rolled, 1)).unwrap();
+        });
+        assert_eq!(
+            check(&fs),
+            vec![format!(
+                "history record {rolled} lacks part 1 of its undo entries"
+            )]
+        );
+        change(&|t| {
+            t.insert((rolled, 1), &saved[..saved.len() - 3]).unwrap();
+        });
+        assert_eq!(
+            check(&fs),
+            vec![format!("part 1 of history record {rolled} does not decode")]
+        );
+        change(&|t| {
+            t.insert((rolled, 1), saved.as_slice()).unwrap();
+            t.insert((back + 100, 0), saved.as_slice()).unwrap();
+        });
+        assert_eq!(
+            check(&fs),
+            vec![format!(
+                "history_undo holds part 0 of record {}, which does not exist",
+                back + 100
+            )]
+        );
+        change(&|t| {
+            t.remove((back + 100, 0)).unwrap();
+        });
+        assert_eq!(check(&fs), Vec::<String>::new());
+
+        // Expiry drops the records, their parts, and the blob references they held.
+        fs.store().set_keep_history(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(&fs, ROOT_INO, "late.md", "late");
+        let r = fs.store().read().unwrap();
+        for seq in [imported, rolled, back] {
+            assert_eq!(parts_of(&r, seq), Vec::<u32>::new(), "record {seq}");
+        }
+        assert!(r.history(0..=back).unwrap().is_empty());
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        drop(r);
+        assert_eq!(tree(&fs), want);
+    }
+
+    /// A format-5 store's records hold their undo lists whole (version 1), and are read as
+    /// they are: the past, `check`, a rollback and expiry work on them as on records kept in
+    /// parts, side by side.
+    #[test]
+    fn whole_records_of_format_5_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let versions: Vec<String> = (0..4).map(|i| format!("v{i} ").repeat(1000)).collect();
+        let mut points = Vec::new();
+        for v in &versions {
+            write(&fs, ROOT_INO, "f.md", v);
+            write(&fs, ROOT_INO, "small.md", &v[..10]);
+            points.push(fs.store().read().unwrap().last_seq().unwrap());
+        }
+        // Every record as a format-5 build wrote it: whole, no parts.
+        {
+            let records = fs
+                .store()
+                .read()
+                .unwrap()
+                .history_of(None, None, usize::MAX)
+                .unwrap();
+            let mut w = fs.store().write().unwrap();
+            w.without_history();
+            for r in &records {
+                w.put_history_value(r.seq, &r.encode_whole()).unwrap();
+                let mut t = w.tx.open_table(HISTORY_UNDO).unwrap();
+                for p in 0..r.undo_parts.unwrap_or(0) {
+                    t.remove((r.seq, p)).unwrap();
+                }
+            }
+            w.commit(Sync::Durable).unwrap();
+        }
+        let check = |fs: &Fs| crate::check::invariants(&fs.store().read().unwrap()).unwrap();
+        {
+            let r = fs.store().read().unwrap();
+            use redb::ReadableTableMetadata;
+            assert_eq!(r.tx.open_table(HISTORY_UNDO).unwrap().len().unwrap(), 0);
+            let ino = fs.lookup(ROOT_INO, b"small.md").unwrap().ino;
+            for (v, &seq) in versions.iter().zip(&points) {
+                let past = r.past(seq).unwrap();
+                let c = past.chunks(ino, 0, 1).unwrap();
+                assert_eq!(c, vec![Some(v.as_bytes()[..10].to_vec())], "@{seq}");
+            }
+        }
+        assert_eq!(check(&fs), Vec::<String>::new());
+        fs.rollback(ME, points[0]).unwrap();
+        let read = |name: &[u8]| {
+            let ino = fs.lookup(ROOT_INO, name).unwrap().ino;
+            let r = fs.store().read().unwrap();
+            let size = r.inode(ino).unwrap().unwrap().size;
+            let c = r.chunks(ino, 0, size.div_ceil(CHUNK_SIZE)).unwrap();
+            String::from_utf8(c.into_iter().flatten().flatten().collect()).unwrap()
+        };
+        assert_eq!(read(b"f.md"), versions[0]);
+        assert_eq!(read(b"small.md"), versions[0][..10]);
+        assert_eq!(check(&fs), Vec::<String>::new());
+        fs.store().set_keep_history(1).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        write(&fs, ROOT_INO, "late.md", "late");
+        assert_eq!(check(&fs), Vec::<String>::new());
+        let r = fs.store().read().unwrap();
+        assert_eq!(r.first_seq().unwrap(), Some(r.last_seq().unwrap()));
     }
 }

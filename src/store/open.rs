@@ -204,25 +204,25 @@ impl Store {
         } else {
             w.inline_small_chunks()?
         };
-        w.put_meta(
-            META_FORMAT,
-            &(schema::FORMAT_WITHOUT_DELTAS as u64).to_le_bytes(),
-        )?;
+        w.put_meta(META_FORMAT, &(schema::FORMAT_5 as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), files = n, "store format 4 migrated to 5: small files' content moved into their inode records");
         Ok(())
     }
 
-    /// Migrates a format-5 store: the (empty) index of delta blobs is made; every blob stays
-    /// full until history keeps a later version of it.
-    fn add_delta_index(&self) -> Result<(), StoreError> {
+    /// Migrates a format-5 store: the (empty) tables of delta blobs and of history records'
+    /// undo parts are made. Every blob stays full until history keeps a later version of it,
+    /// and the records already kept stay whole (version 1, read as they are); new ones are
+    /// split.
+    fn add_format_6_tables(&self) -> Result<(), StoreError> {
         let mut w = self.write()?;
         w.without_history();
         w.tx.open_table(DELTAS).map_err(map_err)?;
         w.tx.open_table(BLOB_DELTAS).map_err(map_err)?;
+        w.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
         w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
-        tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: earlier versions may be kept as deltas");
+        tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: earlier versions may be kept as deltas, and new history records keep their undo entries in parts of bounded size");
         Ok(())
     }
 
@@ -249,9 +249,9 @@ impl Store {
                 self.inline_small_files()?;
                 return self.init_or_verify(root_owner);
             }
-            Some(v) if v == schema::FORMAT_WITHOUT_DELTAS as u64 => {
+            Some(v) if v == schema::FORMAT_5 as u64 => {
                 drop(r);
-                self.add_delta_index()?;
+                self.add_format_6_tables()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -293,6 +293,7 @@ impl Store {
             tx.open_table(ORPHANS).map_err(map_err)?;
             tx.open_table(BLOBREFS).map_err(map_err)?;
             tx.open_table(HISTORY).map_err(map_err)?;
+            tx.open_table(HISTORY_UNDO).map_err(map_err)?;
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
             tx.open_table(HISTORY_KEYS).map_err(map_err)?;

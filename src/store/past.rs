@@ -143,19 +143,12 @@ impl Past<'_> {
         let Some(seq) = seq.filter(|_| content_in_record(&image)) else {
             return Ok(Some(image));
         };
-        let t = self.now.tx.open_table(HISTORY).map_err(map_err)?;
-        let record = t
-            .get(seq)
-            .map_err(map_err)?
-            .and_then(|v| HistoryRecord::decode(seq, v.value()))
-            .ok_or_else(|| corrupt("history record", seq))?;
-        record
-            .undo
-            .into_iter()
-            .find_map(|u| match u {
+        // The record's parts are read in order until the entry turns up.
+        self.now
+            .find_undo(seq, |u| match u {
                 Undo::Inode { ino: i, old } if i == ino => Some(old),
                 _ => None,
-            })
+            })?
             .ok_or_else(|| corrupt("history record", seq))
     }
 }

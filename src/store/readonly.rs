@@ -65,11 +65,11 @@ impl Store {
         let r = store.read()?;
         match r.meta_u64(META_FORMAT)? {
             // A format-4 store reads as it is: its content is all in blobs, which format 5
-            // reads too.
-            // A format-5 store too: all its blobs are full, and it has no deltas to index.
+            // reads too; a format-5 store too: its history records are whole and its blobs
+            // full, which format 6 reads too.
             Some(v)
                 if v == FORMAT_VERSION as u64
-                    || v == FORMAT_WITHOUT_DELTAS as u64
+                    || v == FORMAT_5 as u64
                     || v == FORMAT_WITHOUT_INLINE as u64 => {}
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
                 return Err(needs("is of store format 2 and must be migrated"));

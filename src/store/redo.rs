@@ -101,7 +101,7 @@ impl Form {
 }
 
 /// Every table a record may name, with the form of its keys and of its values.
-const TABLE_FORMS: [(&str, Form, Form); 17] = [
+const TABLE_FORMS: [(&str, Form, Form); 18] = [
     ("meta", Form::Str, Form::Bytes),
     ("inodes", Form::Fixed(8), Form::Bytes),
     ("dirents", Form::U64Str, Form::Fixed(9)),
@@ -110,6 +110,7 @@ const TABLE_FORMS: [(&str, Form, Form); 17] = [
     ("orphans", Form::Fixed(8), Form::Fixed(0)),
     ("blobrefs", Form::Fixed(8), Form::Fixed(8)),
     ("history", Form::Fixed(8), Form::Bytes),
+    ("history_undo", Form::Fixed(12), Form::Bytes),
     ("marks", Form::Str, Form::Fixed(8)),
     ("redacted", Form::Fixed(8), Form::Fixed(0)),
     ("history_keys", Form::BytesU64, Form::Bytes),
@@ -239,6 +240,7 @@ pub(super) fn replay_noting(
             "orphans" => apply(tx, ORPHANS, &key, v),
             "blobrefs" => apply(tx, BLOBREFS, &key, v),
             "history" => apply(tx, HISTORY, &key, v),
+            "history_undo" => apply(tx, HISTORY_UNDO, &key, v),
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
             "history_keys" => apply(tx, HISTORY_KEYS, &key, v),

@@ -45,7 +45,15 @@
 //!                                       an entry has exactly 1, so most commits leave this table
 //!                                       alone. The blob is deleted when its count reaches 0
 //! history  u64 seq         -> &[u8]     one `HistoryRecord` per committed operation, appended in
-//!                                       the operation's own transaction (when history is on)
+//!                                       the operation's own transaction (when history is on):
+//!                                       its header, version 2 (format 6); a format-5 store's
+//!                                       version-1 records hold their undo list too and are
+//!                                       read as they are
+//! history_undo (u64 seq, u32 part) -> &[u8]  a version-2 record's undo entries, in order, in
+//!                                       parts 0..n (n in its header) of at most
+//!                                       UNDO_PART_BYTES each, so no value grows with the
+//!                                       operation: an import's record is many parts, each
+//!                                       read, copied, logged and shipped on its own
 //! marks    &str name       -> u64       a labelled point: the last history seq when it was made
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
 //! blob_deltas u64 blob id  -> &[u8]     a blob kept as a delta (format 6, "Delta blobs")
@@ -230,9 +238,10 @@ pub const MAX_DELTA_RUN: u8 = 255;
 
 /// The store format this build reads and writes. A store of any other version is refused.
 pub const FORMAT_VERSION: u32 = 6;
-/// The format before delta blobs, migrated at open (the `deltas` table is made; no blob
-/// changes).
-pub const FORMAT_WITHOUT_DELTAS: u32 = 5;
+/// The format before delta blobs and history records in parts, migrated at open: the
+/// `deltas`, `blob_deltas` and `history_undo` tables are made; no blob or record changes
+/// (a format-5 record holds its whole undo list and is read as it is).
+pub const FORMAT_5: u32 = 5;
 /// The format before inline content, migrated at open (small files move into their records).
 pub const FORMAT_WITHOUT_INLINE: u32 = 4;
 /// The format before history's indexes, migrated at open (the indexes are built).
@@ -257,6 +266,8 @@ pub(crate) const BLOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("blob
 pub(crate) const ORPHANS: TableDefinition<u64, ()> = TableDefinition::new("orphans");
 pub(crate) const BLOBREFS: TableDefinition<u64, u64> = TableDefinition::new("blobrefs");
 pub(crate) const HISTORY: TableDefinition<u64, &[u8]> = TableDefinition::new("history");
+pub(crate) const HISTORY_UNDO: TableDefinition<(u64, u32), &[u8]> =
+    TableDefinition::new("history_undo");
 pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
 pub(crate) const HISTORY_KEYS: TableDefinition<(&[u8], u64), &[u8]> =
@@ -642,6 +653,12 @@ pub enum Undo {
 /// another process's edit) was added within version 1: records without it end after the
 /// undo list, and readers that predate it ignore it.
 ///
+/// Version 2 (format 6) is the same header with `u32 n, u32 parts` in place of the undo
+/// list: its n entries are in `history_undo`, encoded as above one after another, cut
+/// between entries into `parts` values of at most `UNDO_PART_BYTES` (an entry is never
+/// split; one larger than the bound, which the inline limit rules out, would fill a part
+/// alone). A record without entries has no parts.
+///
 /// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HistoryRecord {
@@ -662,9 +679,23 @@ pub struct HistoryRecord {
     /// Set when this replace lost, or was refused for losing, another process's edit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<String>,
+    /// As decoded: how many undo entries the record has, whether or not `undo` holds them.
+    #[serde(skip)]
+    pub undo_len: u64,
+    /// As decoded: `Some(n)` for a version-2 record, whose entries are in `history_undo`
+    /// parts 0..n; None for a version-1 record, whose entries are in its own value.
+    #[serde(skip)]
+    pub undo_parts: Option<u32>,
 }
 
-const HISTORY_RECORD_VERSION: u8 = 1;
+/// The version of a record whose undo list is in its own value (format 5).
+const HISTORY_RECORD_WHOLE: u8 = 1;
+/// The version of a record whose undo entries are in `history_undo` parts (format 6).
+const HISTORY_RECORD_SPLIT: u8 = 2;
+
+/// The most bytes of undo entries one `history_undo` value holds: below 64 KiB with room
+/// for a leaf's header (see `CHUNK_SIZE`), so a part fills one page at most.
+pub const UNDO_PART_BYTES: usize = 64 * 1024 - 256;
 
 impl Undo {
     fn encode_into(&self, e: &mut Enc) {
@@ -867,9 +898,8 @@ impl Dec<'_> {
 }
 
 impl HistoryRecord {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc(Vec::with_capacity(128));
-        e.u8(HISTORY_RECORD_VERSION);
+    fn encode_header(&self, e: &mut Enc, version: u8) {
+        e.u8(version);
         e.u64(self.time as u64);
         e.str(&self.op);
         e.u16(self.paths.len() as u16);
@@ -884,40 +914,63 @@ impl HistoryRecord {
         e.u32(self.pid);
         e.str(&self.comm);
         e.u8(u8::from(self.redacted));
-        e.u32(self.undo.len() as u32);
-        for u in &self.undo {
-            u.encode_into(&mut e);
-        }
+    }
+
+    fn encode_conflict(&self, e: &mut Enc) {
         if let Some(c) = &self.conflict {
             e.u8(1);
             e.str(c);
         }
+    }
+
+    /// The version-2 header of this record, whose `undo_len` entries make `parts` parts.
+    pub fn encode_header_v2(&self, undo_len: u64, parts: u32) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(128));
+        self.encode_header(&mut e, HISTORY_RECORD_SPLIT);
+        e.u32(undo_len as u32);
+        e.u32(parts);
+        self.encode_conflict(&mut e);
+        e.0
+    }
+
+    /// The whole version-1 encoding (format 5), undo list included: what older builds wrote.
+    pub fn encode_whole(&self) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(128));
+        self.encode_header(&mut e, HISTORY_RECORD_WHOLE);
+        e.u32(self.undo.len() as u32);
+        for u in &self.undo {
+            u.encode_into(&mut e);
+        }
+        self.encode_conflict(&mut e);
         e.0
     }
 
     /// The commit time of an encoded record, without decoding the rest.
     pub fn time_of(b: &[u8]) -> Option<i64> {
         let mut d = Dec(b);
-        if d.u8()? != HISTORY_RECORD_VERSION {
+        if !matches!(d.u8()?, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
             return None;
         }
         Some(d.u64()? as i64)
     }
 
-    /// Decodes a record without its undo entries (what `log` shows): the entries are
-    /// stepped over, not kept, so a large record (an import's) costs no allocation per entry.
+    /// Decodes a record without its undo entries (what `log` shows): a version-1 record's
+    /// entries are stepped over, not kept, so a large record costs no allocation per entry.
     pub fn decode_summary(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
         Self::decode_with(seq, b, false)
     }
 
-    /// Decodes a record; `None` when the bytes are not a version-1 history record.
+    /// Decodes a record: a version-1 record with its undo entries, a version-2 record's
+    /// header (its entries are in `history_undo`, `undo_parts` says how many parts); None
+    /// when the bytes are neither.
     pub fn decode(seq: u64, b: &[u8]) -> Option<HistoryRecord> {
         Self::decode_with(seq, b, true)
     }
 
     fn decode_with(seq: u64, b: &[u8], undo: bool) -> Option<HistoryRecord> {
         let mut d = Dec(b);
-        if d.u8()? != HISTORY_RECORD_VERSION {
+        let version = d.u8()?;
+        if !matches!(version, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
             return None;
         }
         let time = d.u64()? as i64;
@@ -939,13 +992,20 @@ impl HistoryRecord {
             redacted: d.u8()? != 0,
             undo: Vec::new(),
             conflict: None,
+            undo_len: 0,
+            undo_parts: None,
         };
         let n = d.u32()?;
-        for _ in 0..n {
-            if undo {
-                r.undo.push(Undo::decode_from(&mut d)?);
-            } else {
-                Undo::skip(&mut d)?;
+        r.undo_len = u64::from(n);
+        if version == HISTORY_RECORD_SPLIT {
+            r.undo_parts = Some(d.u32()?);
+        } else {
+            for _ in 0..n {
+                if undo {
+                    r.undo.push(Undo::decode_from(&mut d)?);
+                } else {
+                    Undo::skip(&mut d)?;
+                }
             }
         }
         if d.u8() == Some(1) {
@@ -953,6 +1013,45 @@ impl HistoryRecord {
         }
         Some(r)
     }
+}
+
+/// Cuts encoded undo entries into `history_undo` parts of at most `UNDO_PART_BYTES`, between
+/// entries, handing each full part to `put` as it fills: the encoding never holds more than
+/// one part.
+pub(crate) fn undo_parts<E>(
+    undo: &[Undo],
+    mut put: impl FnMut(u32, &[u8]) -> Result<(), E>,
+) -> Result<u32, E> {
+    let mut part = Enc(Vec::with_capacity(
+        UNDO_PART_BYTES.min(64 * undo.len().max(1)),
+    ));
+    let mut n = 0u32;
+    for u in undo {
+        let at = part.0.len();
+        u.encode_into(&mut part);
+        if part.0.len() > UNDO_PART_BYTES && at > 0 {
+            let tail = part.0.split_off(at);
+            put(n, &part.0)?;
+            n += 1;
+            part.0 = tail;
+        }
+    }
+    if !part.0.is_empty() {
+        put(n, &part.0)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Decodes one `history_undo` part: its entries, in order; None when it does not decode
+/// whole.
+pub fn decode_undo_part(b: &[u8]) -> Option<Vec<Undo>> {
+    let mut d = Dec(b);
+    let mut out = Vec::new();
+    while !d.0.is_empty() {
+        out.push(Undo::decode_from(&mut d)?);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -975,6 +1074,8 @@ mod tests {
             comm: "node".into(),
             redacted: false,
             conflict: Some("pid 1 replaced content pid 2 wrote".into()),
+            undo_len: 0,
+            undo_parts: None,
             undo: vec![
                 Undo::Inode {
                     ino: 5,
@@ -1007,20 +1108,75 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(HistoryRecord::decode(9, &r.encode()), Some(r.clone()));
-        let summary = HistoryRecord {
-            undo: Vec::new(),
+        let whole = HistoryRecord {
+            undo_len: r.undo.len() as u64,
             ..r.clone()
         };
-        assert_eq!(HistoryRecord::decode_summary(9, &r.encode()), Some(summary));
-        assert_eq!(HistoryRecord::time_of(&r.encode()), Some(r.time));
+        assert_eq!(HistoryRecord::decode(9, &r.encode_whole()), Some(whole));
+        let summary = HistoryRecord {
+            undo: Vec::new(),
+            undo_len: r.undo.len() as u64,
+            ..r.clone()
+        };
+        assert_eq!(
+            HistoryRecord::decode_summary(9, &r.encode_whole()),
+            Some(summary.clone())
+        );
+        assert_eq!(HistoryRecord::time_of(&r.encode_whole()), Some(r.time));
         for u in &r.undo {
             assert_eq!(Undo::decode(&u.encode()).as_ref(), Some(u));
         }
-        let mut bad = r.encode();
-        bad[0] = 2;
+        // Version 2: the header, and the entries in parts.
+        let mut parts = Vec::new();
+        let n = undo_parts::<()>(&r.undo, |i, b| {
+            assert_eq!(i as usize, parts.len());
+            parts.push(b.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n, 1);
+        let header = r.encode_header_v2(r.undo.len() as u64, n);
+        let split = HistoryRecord {
+            undo_parts: Some(1),
+            ..summary
+        };
+        assert_eq!(HistoryRecord::decode(9, &header), Some(split.clone()));
+        assert_eq!(HistoryRecord::decode_summary(9, &header), Some(split));
+        assert_eq!(HistoryRecord::time_of(&header), Some(r.time));
+        assert_eq!(decode_undo_part(&parts[0]), Some(r.undo.clone()));
+        assert_eq!(decode_undo_part(&parts[0][..parts[0].len() - 1]), None);
+        let mut bad = r.encode_whole();
+        bad[0] = 3;
         assert_eq!(HistoryRecord::decode(9, &bad), None);
-        assert_eq!(HistoryRecord::decode(9, &r.encode()[..20]), None);
+        assert_eq!(HistoryRecord::decode(9, &r.encode_whole()[..20]), None);
+    }
+
+    /// Parts are cut between entries, each at most `UNDO_PART_BYTES`, and give back the
+    /// entries in order.
+    #[test]
+    fn undo_parts_are_bounded_and_in_order() {
+        let undo: Vec<Undo> = (0..20_000)
+            .map(|i| Undo::Dirent {
+                parent: i,
+                name: format!("file-{i}.md"),
+                old: (i % 3 == 0).then_some((i + 7, 1)),
+            })
+            .collect();
+        let mut parts = Vec::new();
+        let n = undo_parts::<()>(&undo, |_, b| {
+            parts.push(b.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n as usize, parts.len());
+        assert!(n > 3, "{n}");
+        assert!(parts.iter().all(|p| p.len() <= UNDO_PART_BYTES));
+        let back: Vec<Undo> = parts
+            .iter()
+            .flat_map(|p| decode_undo_part(p).unwrap())
+            .collect();
+        assert_eq!(back, undo);
+        assert_eq!(undo_parts::<()>(&[], |_, _| panic!()).unwrap(), 0);
     }
 
     fn sample() -> Inode {
