@@ -194,6 +194,11 @@ impl Store {
         sync_table(&src, &tx, REDACTED, &mut |_| false)?;
         sync_table(&src, &tx, DELTAS, &mut |_| false)?;
         sync_table(&src, &tx, BLOB_DELTAS, &mut |_| false)?;
+        sync_table(&src, &tx, HISTORY_KEYS, &mut |_| false)?;
+        sync_table(&src, &tx, HISTORY_PATHS, &mut |_| false)?;
+        sync_table(&src, &tx, HISTORY_TIMES, &mut |_| false)?;
+        sync_table(&src, &tx, SUBTREE, &mut |_| false)?;
+        sync_table(&src, &tx, QUOTAS, &mut |_| false)?;
         finish_meta(&tx, commit, local)?;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -357,7 +362,7 @@ mod tests {
             s
         };
         let a = make("a.redb", &[("same", b"1"), ("gone", b"2")]);
-        let b = make("b.redb", &[("same", b"1"), ("new", b"3")]);
+        let b = make("b.redb", &[("same", b"1"), ("new", b"3"), ("more", b"4")]);
         let r = b.read().unwrap();
         let commit = r.commit_number().unwrap();
         r.copy_to(&dir.path().join("snap.redb"), &mut |_| {})
@@ -368,11 +373,15 @@ mod tests {
             .become_snapshot(&dir.path().join("snap.redb"), commit, &[("mine", vec![1])])
             .unwrap();
         let names: Vec<&str> = changed.dirents.iter().map(|d| d.1.as_str()).collect();
-        assert_eq!(names, vec!["gone", "new"], "{changed:?}");
+        assert_eq!(names, vec!["gone", "more", "new"], "{changed:?}");
         let r = a.read().unwrap();
         assert!(r.lookup(ROOT_INO, "new").unwrap().is_some());
         assert!(r.lookup(ROOT_INO, "gone").unwrap().is_none());
         assert_eq!(r.commit_number().unwrap(), commit);
         assert_eq!(r.meta_bytes("mine").unwrap(), Some(vec![1]));
+        // Every table came across: history's indexes, the directories' aggregates and the
+        // quotas agree with what the store now holds.
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
     }
 }
