@@ -111,34 +111,6 @@ impl ReadTxn {
         Ok(false)
     }
 
-    /// Every blob's reference count, and the blob ids that exist (for check).
-    pub fn blob_accounting(&self) -> Result<(HashMap<u64, u64>, Vec<u64>), StoreError> {
-        let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
-        let mut counts = HashMap::new();
-        for item in refs.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            counts.insert(k.value(), v.value());
-        }
-        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
-        let mut ids = Vec::new();
-        for item in blobs.iter().map_err(map_err)? {
-            ids.push(item.map_err(map_err)?.0.value());
-        }
-        Ok((counts, ids))
-    }
-
-    /// Every (ino, chunk index, blob id) of current content (for check).
-    pub fn all_filemap(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
-        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let mut out = Vec::new();
-        for item in map.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            let (ino, idx) = k.value();
-            out.push((ino, idx, v.value()));
-        }
-        Ok(out)
-    }
-
     /// Blobs whose content does not match its checksum (for check).
     pub fn damaged_blobs(&self) -> Result<Vec<u64>, StoreError> {
         let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
@@ -152,22 +124,47 @@ impl ReadTxn {
         Ok(out)
     }
 
-    /// Every chunk 0 held in an inode record (for check): (ino, its content's length, or
-    /// None when the content does not match its checksum).
-    pub fn all_inline(&self) -> Result<Vec<(u64, Option<u64>)>, StoreError> {
-        let inodes = self.tx.open_table(INODES).map_err(map_err)?;
-        let mut out = Vec::new();
-        for item in inodes.iter().map_err(map_err)? {
+    /// Calls `f` on every (ino, chunk index, blob id, the blob's content length or None
+    /// when the blob is missing), in key order, one at a time (for check).
+    pub fn for_each_chunk(
+        &self,
+        mut f: impl FnMut(u64, u64, u64, Option<u64>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        for item in map.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
-            let len = match schema::inline_chunk(v.value()) {
-                None => continue,
-                Some(InlineChunk::Content(d)) => Some(d.len() as u64),
-                Some(InlineChunk::Redacted) => Some(0),
-                Some(InlineChunk::Damaged) => None,
-            };
-            out.push((k.value(), len));
+            let (ino, idx) = k.value();
+            let b = v.value();
+            let len = blobs
+                .get(b)
+                .map_err(map_err)?
+                .map(|b| b.value().len().saturating_sub(4) as u64);
+            f(ino, idx, b, len)?;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Every blob's reference count entry, the blob ids that exist and those whose content
+    /// does not match its checksum, in one scan of the blobs (for check).
+    #[allow(clippy::type_complexity)]
+    pub fn blob_census(&self) -> Result<(HashMap<u64, u64>, Vec<u64>, Vec<u64>), StoreError> {
+        let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+        let mut counts = HashMap::new();
+        for item in refs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            counts.insert(k.value(), v.value());
+        }
+        let blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
+        let (mut ids, mut damaged) = (Vec::new(), Vec::new());
+        for item in blobs.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            ids.push(k.value());
+            if schema::decode_blob(v.value()).is_none() {
+                damaged.push(k.value());
+            }
+        }
+        Ok((counts, ids, damaged))
     }
 
     /// Every (ino, chunk index, blob length) in key order (for check and tools).
