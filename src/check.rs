@@ -1,140 +1,221 @@
 //! `redbfs check`: redb's integrity check plus the filesystem invariants, on a store file.
+//!
+//! Invariant kept here: the check reads each table in its own key order, once (history's
+//! records twice: once here, once for its indexes), and holds per inode only what the
+//! directory entries are checked against: its number, a 32-bit CRC of its (parent, name),
+//! a kind and a link count, 14 bytes (14 MB at a million files). Directories, blobs and
+//! the findings themselves are held whole; an inode's full record is read again only to
+//! word a finding.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::fs::{Limits, Name, NameRules};
-use crate::store::{CHUNK_SIZE, INLINE_MAX, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord};
+use crate::store::{
+    CHUNK_SIZE, INLINE_MAX, Inode, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord,
+};
+
+/// Flags kept per inode.
+const IS_DIR: u8 = 1;
+const HAS_INLINE: u8 = 2;
+
+/// What the check keeps of every inode while it scans the directory entries, in inode
+/// order (the inodes table's), found by binary search.
+#[derive(Default)]
+struct InodeIndex {
+    inos: Vec<u64>,
+    /// `place_of(parent, name)` of the inode's own record.
+    place: Vec<u32>,
+    flags: Vec<u8>,
+    /// Directory entries that name the inode, counted up to 255.
+    links: Vec<u8>,
+}
+
+impl InodeIndex {
+    fn find(&self, ino: u64) -> Option<usize> {
+        self.inos.binary_search(&ino).ok()
+    }
+}
+
+/// Where an entry or a record puts an inode, as a CRC-32C: a record and an entry that
+/// disagree by a few bytes always differ, others differ but for one chance in 2^32.
+fn place_of(parent: u64, name: &str) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&parent.to_le_bytes()), name.as_bytes())
+}
+
+/// A directory, as its record says; with what the walk up its parents found.
+struct Dir {
+    ino: u64,
+    parent: u64,
+    nlink: u32,
+    name_len: u32,
+    orphan: bool,
+    /// Its entries' subdirectories were counted against `nlink`.
+    counted: bool,
+    up: Up,
+}
+
+/// Where a directory's chain of parents leads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Up {
+    Unknown,
+    /// On the chain being walked.
+    Busy,
+    /// It never ends.
+    Cycle,
+    /// It ends after `steps` directories, at the root (with the directory's depth below
+    /// it and the bytes of its path, "/a/b" being 4) or at an inode that is not a directory.
+    Ends {
+        steps: u32,
+        root: Option<(u32, u32)>,
+    },
+}
+
+struct Dirs(Vec<Dir>);
+
+impl Dirs {
+    fn find(&self, ino: u64) -> Option<usize> {
+        self.0.binary_search_by_key(&ino, |d| d.ino).ok()
+    }
+
+    /// Walks up from every directory, each step taken once over all of them.
+    fn walk_up(&mut self) {
+        let mut chain = Vec::new();
+        for start in 0..self.0.len() {
+            let mut at = start;
+            let end = loop {
+                let d = &self.0[at];
+                match d.up {
+                    Up::Unknown => {}
+                    Up::Busy => break Up::Cycle,
+                    done => break done,
+                }
+                if d.ino == ROOT_INO {
+                    self.0[at].up = Up::Ends {
+                        steps: 0,
+                        root: Some((0, 0)),
+                    };
+                    break self.0[at].up;
+                }
+                match self.find(d.parent) {
+                    Some(p) => {
+                        self.0[at].up = Up::Busy;
+                        chain.push(at);
+                        at = p;
+                    }
+                    None => {
+                        self.0[at].up = Up::Ends {
+                            steps: 0,
+                            root: None,
+                        };
+                        break self.0[at].up;
+                    }
+                }
+            };
+            let mut up = end;
+            while let Some(i) = chain.pop() {
+                up = match up {
+                    Up::Ends { steps, root } => Up::Ends {
+                        steps: steps + 1,
+                        root: root.map(|(depth, bytes)| {
+                            (depth + 1, bytes.saturating_add(1 + self.0[i].name_len))
+                        }),
+                    },
+                    _ => Up::Cycle,
+                };
+                self.0[i].up = up;
+            }
+        }
+    }
+
+    /// The depth and path bytes of the directory `ino`, when it reaches the root.
+    fn below_root(&self, ino: u64) -> Option<(u32, u32)> {
+        match self.0[self.find(ino)?].up {
+            Up::Ends { root, .. } => root,
+            _ => None,
+        }
+    }
+}
+
+/// The directory whose entries `entries` is reading.
+struct Group {
+    ino: u64,
+    /// Its inode is a directory.
+    is_dir: bool,
+    /// Its place in `Dirs`.
+    dir: Option<usize>,
+    /// Its depth and path bytes from the root, when it reaches the root.
+    from_root: Option<(u32, u32)>,
+    /// Subdirectories among its entries so far.
+    subdirs: u32,
+}
+
+/// The path of a directory entry, for a finding.
+fn entry_path(r: &ReadTxn, parent: u64, name: &str) -> String {
+    if parent == ROOT_INO {
+        format!("/{name}")
+    } else {
+        format!("{}/{name}", crate::fs::path_of_inode(r, parent))
+    }
+}
 
 /// Every broken invariant found, one line each; empty when the store is clean.
 pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
     let mut findings = Vec::new();
-    let inodes: HashMap<u64, _> = r.all_inodes()?.into_iter().map(|i| (i.ino, i)).collect();
-    let dirents = r.all_dirents()?;
-    let orphans: HashSet<u64> = r.orphans()?.into_iter().collect();
+    let orphans = r.orphans()?;
+    let is_orphan = |ino: u64| orphans.binary_search(&ino).is_ok();
     let next_ino = r.meta_u64("next_ino")?.unwrap_or(0);
+    let limits = r
+        .meta_bytes(crate::store::schema::META_LIMITS)?
+        .and_then(|b| serde_json::from_slice::<Limits>(&b).ok());
+    let keeps_subtrees = r.subtree_current()?;
 
-    if !inodes.get(&ROOT_INO).is_some_and(|i| i.kind == Kind::Dir) {
-        findings.push("the root directory (inode 1) is missing or not a directory".to_string());
-    }
-    let mut seen: HashMap<u64, u32> = HashMap::new();
-    let mut subdirs: HashMap<u64, u32> = HashMap::new();
-    for (parent, e) in &dirents {
-        match inodes.get(parent) {
-            Some(p) if p.kind == Kind::Dir => {}
-            _ => findings.push(format!(
-                "entry {:?} lives in {parent}, which is not a directory",
-                e.name
-            )),
+    // The inodes, in one scan.
+    let mut index = InodeIndex::default();
+    let mut dirs = Vec::new();
+    let (mut files, mut dir_count, mut bytes) = (0u64, 0u64, 0u64);
+    let mut root_ok = false;
+    let mut big_files = Vec::new();
+    // Per directory, what its own entries add to its subtree record.
+    let mut below: HashMap<u64, SubtreeRecord> = HashMap::new();
+    r.for_each_inode(|i, inline| {
+        let ino = i.ino;
+        if ino == ROOT_INO {
+            root_ok = i.kind == Kind::Dir;
         }
-        match inodes.get(&e.ino) {
-            None => findings.push(format!(
-                "entry {:?} in {parent} points to missing inode {}",
-                e.name, e.ino
-            )),
-            Some(i) => {
-                if i.kind != e.kind {
-                    findings.push(format!(
-                        "entry {:?} in {parent} has the wrong kind for inode {}",
-                        e.name, e.ino
-                    ));
-                }
-                if i.parent != *parent || i.name != e.name {
-                    findings.push(format!(
-                        "inode {} records parent {} name {:?}, but its entry is {:?} in {parent}",
-                        e.ino, i.parent, i.name, e.name
-                    ));
-                }
-            }
-        }
-        if e.kind == Kind::Dir {
-            *subdirs.entry(*parent).or_default() += 1;
-        }
-        *seen.entry(e.ino).or_default() += 1;
-        match Name::parse(e.name.as_bytes(), NameRules::Linux) {
-            Ok(n) if n.as_str() == e.name => {}
-            Ok(_) => findings.push(format!("entry {:?} in {parent} is not in NFC", e.name)),
-            Err(err) => findings.push(format!("entry {:?} in {parent}: {err}", e.name)),
-        }
-    }
-    for (ino, i) in &inodes {
-        if *ino >= next_ino {
+        if ino >= next_ino {
             findings.push(format!(
                 "inode {ino} is at or above the inode counter {next_ino}"
             ));
         }
-        let links = seen.get(ino).copied().unwrap_or(0);
-        if *ino != ROOT_INO {
-            match (links, orphans.contains(ino)) {
-                (0, false) => {
-                    findings.push(format!("inode {ino} is unreachable and not an orphan"))
+        let mut flags = 0;
+        match i.kind {
+            Kind::File => {
+                files += 1;
+                if limits.as_ref().is_some_and(|l| i.size > l.max_file_bytes) {
+                    big_files.push((ino, i.parent, i.size));
                 }
-                (1, true) => findings.push(format!("inode {ino} is reachable but marked orphan")),
-                (n, _) if n > 1 => findings.push(format!("inode {ino} has {n} entries")),
-                _ => {}
+            }
+            Kind::Dir => {
+                dir_count += 1;
+                flags |= IS_DIR;
+                dirs.push(Dir {
+                    ino,
+                    parent: i.parent,
+                    nlink: i.nlink,
+                    name_len: i.name.len() as u32,
+                    orphan: is_orphan(ino),
+                    counted: false,
+                    up: Up::Unknown,
+                });
             }
         }
-        if i.kind == Kind::Dir && !orphans.contains(ino) {
-            let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
-            if i.nlink != want {
-                findings.push(format!(
-                    "directory {ino} has nlink {} but {want} expected",
-                    i.nlink
-                ));
-            }
+        bytes += i.size;
+        if let Some(len) = inline {
+            flags |= HAS_INLINE;
+            inline_findings(r, &i, len, &mut findings);
         }
-    }
-    for o in &orphans {
-        if !inodes.contains_key(o) {
-            findings.push(format!("orphan {o} has no inode"));
-        }
-    }
-    cycles(&inodes, &orphans, &mut findings);
-    chunks(r, &inodes, &mut findings)?;
-    // What reads history's undo entries needs whole parts: with a part missing or damaged,
-    // those checks are left for after it is dealt with.
-    let parts = r.undo_part_findings()?;
-    let parts_whole = parts.is_empty();
-    findings.extend(parts);
-    if parts_whole {
-        blob_references(r, &mut findings)?;
-    }
-    damaged_chunks(r, parts_whole, &mut findings)?;
-    findings.extend(over_limits(r, &inodes, &dirents)?);
-    if parts_whole {
-        findings.extend(r.history_index_findings()?);
-    }
-    subtrees(r, &inodes, &mut findings)?;
-    let usage = r.usage()?;
-    let files = inodes.values().filter(|i| i.kind == Kind::File).count() as u64;
-    let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).count() as u64;
-    let bytes: u64 = inodes.values().map(|i| i.size).sum();
-    if usage.files != files || usage.dirs != dirs || usage.content_bytes != bytes {
-        findings.push(format!(
-            "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dirs}, {bytes}",
-            usage.files, usage.dirs, usage.content_bytes
-        ));
-    }
-    Ok(findings)
-}
-
-/// The per-directory aggregates (when the store keeps them): every directory's counts equal
-/// what lies below it, its path bounds are at least the deepest and longest path below it,
-/// and a row without a directory holds only a quota.
-fn subtrees(
-    r: &ReadTxn,
-    inodes: &HashMap<u64, crate::store::Inode>,
-    findings: &mut Vec<String>,
-) -> Result<(), StoreError> {
-    if !r.subtree_current()? {
-        return Ok(());
-    }
-    let placed = |i: &crate::store::Inode| i.ino != ROOT_INO && i.nlink > 0;
-    let mut want: HashMap<u64, SubtreeRecord> = HashMap::new();
-    for i in inodes.values().filter(|i| placed(i)) {
-        let (mut depth, mut bytes) = (1u32, i.name.len() as u32 + 1);
-        let mut cur = i.parent;
-        for _ in 0..=inodes.len() {
-            let w = want.entry(cur).or_default();
+        if keeps_subtrees && ino != ROOT_INO && i.nlink > 0 {
+            let w = below.entry(i.parent).or_default();
             match i.kind {
                 Kind::File => {
                     w.files += 1;
@@ -142,173 +223,349 @@ fn subtrees(
                 }
                 Kind::Dir => w.dirs += 1,
             }
-            w.depth = w.depth.max(depth);
-            w.path_bytes = w.path_bytes.max(bytes);
-            match inodes.get(&cur) {
-                Some(p) if cur != ROOT_INO && placed(p) => {
-                    depth += 1;
-                    bytes += p.name.len() as u32 + 1;
-                    cur = p.parent;
-                }
-                // A broken chain is reported by the checks above.
-                _ => break,
+            w.depth = w.depth.max(1);
+            w.path_bytes = w.path_bytes.max(i.name.len() as u32 + 1);
+        }
+        index.inos.push(ino);
+        index.place.push(place_of(i.parent, &i.name));
+        index.flags.push(flags);
+        index.links.push(0);
+        Ok(())
+    })?;
+    if !root_ok {
+        findings.push("the root directory (inode 1) is missing or not a directory".to_string());
+    }
+    let mut dirs = Dirs(dirs);
+    dirs.walk_up();
+
+    entries(r, &mut index, &mut dirs, limits.as_ref(), &mut findings)?;
+    for (k, &ino) in index.inos.iter().enumerate() {
+        if ino == ROOT_INO {
+            continue;
+        }
+        match (index.links[k], is_orphan(ino)) {
+            (0, false) => findings.push(format!("inode {ino} is unreachable and not an orphan")),
+            (1, true) => findings.push(format!("inode {ino} is reachable but marked orphan")),
+            (n, _) if n > 1 => findings.push(format!("inode {ino} has {n} entries")),
+            _ => {}
+        }
+    }
+    for d in &dirs.0 {
+        if !d.orphan && !d.counted && d.nlink != 2 {
+            findings.push(format!(
+                "directory {} has nlink {} but 2 expected",
+                d.ino, d.nlink
+            ));
+        }
+        if !d.orphan && d.up == Up::Cycle {
+            findings.push(format!("directory {} is in a cycle", d.ino));
+        }
+    }
+    for &o in &orphans {
+        if index.find(o).is_none() {
+            findings.push(format!("orphan {o} has no inode"));
+        }
+    }
+    if let Some(limits) = &limits {
+        for (ino, parent, size) in big_files {
+            let linked = index.find(ino).is_some_and(|k| index.links[k] > 0);
+            if linked && dirs.below_root(parent).is_some() {
+                findings.push(format!(
+                    "{:?} is {size} bytes, over the store's --max-file-bytes {}",
+                    crate::fs::path_of_inode(r, ino),
+                    limits.max_file_bytes
+                ));
             }
         }
-    }
-    let stored: HashMap<u64, SubtreeRecord> = r.all_subtrees()?.into_iter().collect();
-    for (ino, w) in &want {
-        let s = stored.get(ino).copied().unwrap_or_default();
-        if (s.files, s.dirs, s.bytes) != (w.files, w.dirs, w.bytes) {
+        if limits.quota_bytes > 0 && bytes > limits.quota_bytes {
             findings.push(format!(
-                "directory {ino} records {} files, {} dirs, {} bytes below it; the records say {}, {}, {}",
-                s.files, s.dirs, s.bytes, w.files, w.dirs, w.bytes
+                "the store holds {bytes} content bytes, over its --quota {}",
+                limits.quota_bytes
             ));
         }
-        if s.depth < w.depth || s.path_bytes < w.path_bytes {
+        let count = index.inos.len() as u64;
+        if count > limits.max_files {
             findings.push(format!(
-                "directory {ino} bounds its paths at {} levels and {} bytes, but one below it is {} levels and {} bytes",
-                s.depth, s.path_bytes, w.depth, w.path_bytes
+                "the store holds {count} files and directories, over its --max-files {}",
+                limits.max_files
             ));
         }
     }
-    let indexed: HashSet<u64> = r.quota_rows()?.into_iter().map(|(d, _)| d).collect();
-    for (ino, s) in &stored {
-        if s.has_quota() != indexed.contains(ino) {
+    // What reads history's undo entries needs whole parts: with a part missing or damaged,
+    // those checks are left for after it is dealt with.
+    let parts = r.undo_part_findings()?;
+    let parts_whole = parts.is_empty();
+    findings.extend(parts);
+    content(r, &index, parts_whole, &mut findings)?;
+    if parts_whole {
+        findings.extend(r.history_index_findings()?);
+    }
+    if keeps_subtrees {
+        subtrees(r, &dirs, below, &mut findings)?;
+    }
+    let usage = r.usage()?;
+    if usage.files != files || usage.dirs != dir_count || usage.content_bytes != bytes {
+        findings.push(format!(
+            "usage counters say {} files, {} dirs, {} bytes; the records say {files}, {dir_count}, {bytes}",
+            usage.files, usage.dirs, usage.content_bytes
+        ));
+    }
+    Ok(findings)
+}
+
+/// A chunk 0 held in an inode record: only files hold one, within their size and
+/// `INLINE_MAX`, matching its checksum (`len` is None when it does not).
+fn inline_findings(r: &ReadTxn, i: &Inode, len: Option<u64>, findings: &mut Vec<String>) {
+    let ino = i.ino;
+    if len.is_none() {
+        let path = crate::fs::path_of_inode(r, ino);
+        findings.push(format!(
+            "{path}: chunk 0 (held in its inode record) does not match its checksum"
+        ));
+    }
+    if i.kind != Kind::File {
+        findings.push(format!("directory {ino} holds content in its record"));
+        return;
+    }
+    let len = len.unwrap_or(0);
+    if len > i.size {
+        findings.push(format!(
+            "chunk 0 of inode {ino}, held in its record, lies beyond its size {}",
+            i.size
+        ));
+    }
+    if len > INLINE_MAX as u64 {
+        findings.push(format!(
+            "chunk 0 of inode {ino}, held in its record, is {len} bytes, over {INLINE_MAX}"
+        ));
+    }
+}
+
+/// The directory entries, in one scan (grouped by parent, as the table is): each names an
+/// inode of its kind whose record names it back, in a directory, with a valid NFC name
+/// within the store's limits; each directory's link count is 2 plus its subdirectories.
+fn entries(
+    r: &ReadTxn,
+    index: &mut InodeIndex,
+    dirs: &mut Dirs,
+    limits: Option<&Limits>,
+    findings: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    let mut group: Option<Group> = None;
+    let mut folded: HashMap<String, String> = HashMap::new();
+    let portable = limits.is_some_and(|l| l.names == NameRules::Portable);
+    let close = |group: Option<Group>, dirs: &mut Dirs, findings: &mut Vec<String>| {
+        if let Some(Group {
+            ino,
+            dir: Some(d),
+            subdirs,
+            ..
+        }) = group
+        {
+            let d = &mut dirs.0[d];
+            d.counted = true;
+            let want = 2 + subdirs;
+            if !d.orphan && d.nlink != want {
+                findings.push(format!(
+                    "directory {ino} has nlink {} but {want} expected",
+                    d.nlink
+                ));
+            }
+        }
+    };
+    r.for_each_dirent(|parent, name, ino, kind| {
+        if group.as_ref().is_none_or(|g| g.ino != parent) {
+            close(group.take(), dirs, findings);
+            group = Some(Group {
+                ino: parent,
+                is_dir: index
+                    .find(parent)
+                    .is_some_and(|k| index.flags[k] & IS_DIR != 0),
+                dir: dirs.find(parent),
+                from_root: dirs.below_root(parent),
+                subdirs: 0,
+            });
+            folded.clear();
+        }
+        let Some(Group {
+            is_dir,
+            from_root,
+            subdirs,
+            ..
+        }) = &mut group
+        else {
+            unreachable!("a group was just opened");
+        };
+        if !*is_dir {
             findings.push(format!(
-                "the quota of directory {ino} and the index of quotas disagree"
+                "entry {name:?} lives in {parent}, which is not a directory"
             ));
         }
-    }
-    for ino in &indexed {
-        if !stored.contains_key(ino) {
-            findings.push(format!(
-                "the index of quotas names directory {ino}, which has no subtree record"
-            ));
+        match index.find(ino) {
+            None => findings.push(format!(
+                "entry {name:?} in {parent} points to missing inode {ino}"
+            )),
+            Some(k) => {
+                if (index.flags[k] & IS_DIR != 0) != (kind == Kind::Dir) {
+                    findings.push(format!(
+                        "entry {name:?} in {parent} has the wrong kind for inode {ino}"
+                    ));
+                }
+                if index.place[k] != place_of(parent, name)
+                    && let Some(i) = r.inode(ino)?
+                    && (i.parent != parent || i.name != name)
+                {
+                    findings.push(format!(
+                        "inode {ino} records parent {} name {:?}, but its entry is {name:?} in {parent}",
+                        i.parent, i.name
+                    ));
+                }
+                index.links[k] = index.links[k].saturating_add(1);
+            }
         }
-    }
-    for (ino, s) in &stored {
-        let is_dir = inodes.get(ino).is_some_and(|i| i.kind == Kind::Dir);
-        if !is_dir && (s.files, s.dirs, s.bytes) != (0, 0, 0) {
-            findings.push(format!(
-                "a subtree record with counts exists for {ino}, which is not a directory"
-            ));
-        } else if !want.contains_key(ino) && s.entries() + s.bytes != 0 {
-            findings.push(format!(
-                "directory {ino} records {} files, {} dirs, {} bytes below it, but it is empty",
-                s.files, s.dirs, s.bytes
-            ));
+        if kind == Kind::Dir {
+            *subdirs += 1;
         }
-    }
+        match Name::parse(name.as_bytes(), NameRules::Linux) {
+            Ok(n) if n.as_str() == name => {}
+            Ok(_) => findings.push(format!("entry {name:?} in {parent} is not in NFC")),
+            Err(err) => findings.push(format!("entry {name:?} in {parent}: {err}")),
+        }
+        if let (Some(l), Some((depth, bytes))) = (limits, *from_root) {
+            let (depth, bytes) = (depth as usize + 1, bytes as usize + 1 + name.len());
+            if depth > l.max_depth {
+                findings.push(format!(
+                    "{:?} is {depth} levels deep, over the store's --max-depth {}",
+                    entry_path(r, parent, name),
+                    l.max_depth
+                ));
+            }
+            if bytes > l.max_path_bytes {
+                findings.push(format!(
+                    "{:?} is {bytes} bytes, over the store's --max-path-bytes {}",
+                    entry_path(r, parent, name),
+                    l.max_path_bytes
+                ));
+            }
+            if portable {
+                if let Err(err) = Name::parse(name.as_bytes(), NameRules::Portable) {
+                    findings.push(format!("{:?}: {err}", entry_path(r, parent, name)));
+                }
+                if let Some(other) =
+                    folded.insert(crate::fs::name::fold_case(name), name.to_string())
+                {
+                    findings.push(format!(
+                        "{:?} and {other:?} differ only in case, under the store's --names portable",
+                        entry_path(r, parent, name)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })?;
+    close(group, dirs, findings);
     Ok(())
 }
 
-/// Every directory reaches the root by parent pointers.
-fn cycles(
-    inodes: &HashMap<u64, crate::store::Inode>,
-    orphans: &HashSet<u64>,
-    findings: &mut Vec<String>,
-) {
-    for (ino, i) in inodes {
-        if i.kind != Kind::Dir || orphans.contains(ino) {
-            continue;
-        }
-        let mut cur = *ino;
-        let mut steps = 0;
-        while cur != ROOT_INO && steps <= inodes.len() {
-            cur = inodes.get(&cur).map_or(ROOT_INO, |x| x.parent);
-            steps += 1;
-        }
-        if cur != ROOT_INO {
-            findings.push(format!("directory {ino} is in a cycle"));
-        }
-    }
-}
-
-/// Content chunks belong to files and lie within their sizes.
-fn chunks(
+/// File content: chunks belong to files and lie within their sizes, chunk 0 is held in
+/// the record or in a blob but not both; blobs match their checksums, and each is
+/// counted once per chunk-map entry and once per history before-image that keeps it,
+/// nothing else exists and nothing is missing; a delta blob counts once for its base, and
+/// its runs are checked by `delta_runs`. One scan of the chunk map, one of the blobs, one
+/// of history's undo entries (when every part of them is whole: else references are left
+/// for after the parts are dealt with).
+fn content(
     r: &ReadTxn,
-    inodes: &HashMap<u64, crate::store::Inode>,
+    index: &InodeIndex,
+    parts_whole: bool,
     findings: &mut Vec<String>,
 ) -> Result<(), StoreError> {
-    let mut chunk_bytes: HashMap<u64, u64> = HashMap::new();
-    for (ino, idx, len) in r.all_chunks()? {
-        match inodes.get(&ino) {
-            None => findings.push(format!("chunk {idx} belongs to missing inode {ino}")),
-            Some(i) => {
-                if i.kind != Kind::File {
-                    findings.push(format!("directory {ino} has content chunk {idx}"));
-                }
-                if idx * CHUNK_SIZE + len > i.size {
-                    findings.push(format!(
-                        "chunk {idx} of inode {ino} lies beyond its size {}",
-                        i.size
-                    ));
-                }
-                if len > CHUNK_SIZE {
-                    findings.push(format!(
-                        "chunk {idx} of inode {ino} is {len} bytes, over the chunk size"
-                    ));
-                }
-            }
+    let (counts, blob_ids, damaged) = r.blob_census()?;
+    let damaged: HashSet<u64> = damaged.into_iter().collect();
+    let mut named = HashSet::new();
+    let mut want: HashMap<u64, u64> = HashMap::new();
+    // The size of the inode whose chunks are being read.
+    let mut size_of: Option<(u64, u64)> = None;
+    r.for_each_chunk(|ino, idx, b, len| {
+        *want.entry(b).or_default() += 1;
+        if damaged.contains(&b) {
+            named.insert(b);
+            let path = crate::fs::path_of_inode(r, ino);
+            findings.push(format!(
+                "{path}: chunk {idx} (blob {b}) does not match its checksum"
+            ));
         }
-        *chunk_bytes.entry(ino).or_default() += len;
-    }
-    let in_blobs: HashSet<u64> = r
-        .all_filemap()?
-        .into_iter()
-        .filter(|&(_, idx, _)| idx == 0)
-        .map(|(ino, _, _)| ino)
-        .collect();
-    for (ino, len) in r.all_inline()? {
-        match inodes.get(&ino) {
-            None => {}
-            Some(i) if i.kind != Kind::File => {
-                findings.push(format!("directory {ino} holds content in its record"));
-            }
-            Some(i) => {
-                let len = len.unwrap_or(0);
-                if len > i.size {
-                    findings.push(format!(
-                        "chunk 0 of inode {ino}, held in its record, lies beyond its size {}",
-                        i.size
-                    ));
-                }
-                if len > INLINE_MAX as u64 {
-                    findings.push(format!(
-                        "chunk 0 of inode {ino}, held in its record, is {len} bytes, over {INLINE_MAX}"
-                    ));
-                }
-            }
+        let Some(k) = index.find(ino) else {
+            findings.push(format!("chunk {idx} belongs to missing inode {ino}"));
+            return Ok(());
+        };
+        if index.flags[k] & IS_DIR != 0 {
+            findings.push(format!("directory {ino} has content chunk {idx}"));
         }
-        if in_blobs.contains(&ino) {
+        if idx == 0 && index.flags[k] & HAS_INLINE != 0 {
             findings.push(format!(
                 "chunk 0 of inode {ino} is held both in its record and in a blob"
             ));
         }
-    }
-    Ok(())
-}
-
-/// Blob references: each blob is counted once per filemap entry and once per history
-/// before-image that keeps it; nothing else exists and nothing is missing.
-fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreError> {
-    let (counts, blob_ids) = r.blob_accounting()?;
-    let mut want: HashMap<u64, u64> = HashMap::new();
-    for (_, _, b) in r.all_filemap()? {
-        *want.entry(b).or_default() += 1;
-    }
+        // A missing blob is reported with the references below.
+        let Some(len) = len else { return Ok(()) };
+        let size = match size_of {
+            Some((i, size)) if i == ino => size,
+            _ => {
+                let size = r.inode(ino)?.map_or(0, |i| i.size);
+                size_of = Some((ino, size));
+                size
+            }
+        };
+        if idx * CHUNK_SIZE + len > size {
+            findings.push(format!(
+                "chunk {idx} of inode {ino} lies beyond its size {size}"
+            ));
+        }
+        if len > CHUNK_SIZE {
+            findings.push(format!(
+                "chunk {idx} of inode {ino} is {len} bytes, over the chunk size"
+            ));
+        }
+        Ok(())
+    })?;
     let (deltas, rows) = r.delta_survey()?;
     for (_, base) in &deltas {
         *want.entry(*base).or_default() += 1;
     }
-    r.for_each_undo(|_, u| {
-        if let crate::store::Undo::Filemap { old: Some(b), .. } = u {
-            *want.entry(*b).or_default() += 1;
-        }
-        Ok(())
-    })?;
+    let mut damaged_images = std::collections::BTreeSet::new();
+    if parts_whole {
+        r.for_each_undo(|_, u| {
+            match u {
+                crate::store::Undo::Filemap { old: Some(b), .. } => {
+                    *want.entry(*b).or_default() += 1
+                }
+                crate::store::Undo::Inode { ino, old: Some(b) }
+                    if crate::store::inline_is_damaged(b) =>
+                {
+                    damaged_images.insert(*ino);
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+    }
+    for ino in damaged_images {
+        findings.push(format!(
+            "an earlier version of inode {ino} kept by the history does not match its checksum"
+        ));
+    }
+    for b in damaged.difference(&named) {
+        findings.push(format!(
+            "blob {b} (an earlier version kept by the history) does not match its checksum"
+        ));
+    }
     // A blob without a blobrefs entry has exactly one reference; entries hold counts of 2+.
     let live: HashSet<u64> = blob_ids.iter().copied().collect();
+    delta_runs(&deltas, &rows, &live, findings);
+    if !parts_whole {
+        return Ok(());
+    }
     for (b, n) in &want {
         let recorded = counts
             .get(b)
@@ -336,7 +593,6 @@ fn blob_references(r: &ReadTxn, findings: &mut Vec<String>) -> Result<(), StoreE
             findings.push(format!("blob {b} is referred to but missing"));
         }
     }
-    delta_runs(&deltas, &rows, &live, findings);
     for b in &blob_ids {
         if !want.contains_key(b) {
             findings.push(format!("blob {b} is stored but nothing refers to it"));
@@ -416,136 +672,83 @@ fn delta_runs(
     }
 }
 
-/// Chunks whose content does not match its checksum, by path where a file holds them.
-fn damaged_chunks(
+/// The per-directory aggregates (when the store keeps them): every directory's counts equal
+/// what lies below it, its path bounds are at least the deepest and longest path below it,
+/// and a row without a directory holds only a quota. `below` holds what each directory's
+/// own entries add; each directory's total is added to its parent's, deepest first.
+fn subtrees(
     r: &ReadTxn,
-    parts_whole: bool,
+    dirs: &Dirs,
+    below: HashMap<u64, SubtreeRecord>,
     findings: &mut Vec<String>,
 ) -> Result<(), StoreError> {
-    for (ino, len) in r.all_inline()? {
-        if len.is_none() {
-            let path = crate::fs::path_of_inode(r, ino);
+    let mut want = below;
+    let mut order: Vec<(u32, usize)> = dirs
+        .0
+        .iter()
+        .enumerate()
+        .filter_map(|(k, d)| match d.up {
+            // A broken chain is reported by the checks above.
+            Up::Ends { steps, .. } if d.ino != ROOT_INO && d.nlink > 0 => Some((steps, k)),
+            _ => None,
+        })
+        .collect();
+    order.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, k) in order {
+        let d = &dirs.0[k];
+        let Some(t) = want.get(&d.ino).copied() else {
+            continue;
+        };
+        let w = want.entry(d.parent).or_default();
+        w.files += t.files;
+        w.dirs += t.dirs;
+        w.bytes += t.bytes;
+        w.depth = w.depth.max(t.depth + 1);
+        w.path_bytes = w.path_bytes.max(t.path_bytes + d.name_len + 1);
+    }
+    let stored: HashMap<u64, SubtreeRecord> = r.all_subtrees()?.into_iter().collect();
+    for (ino, w) in &want {
+        let s = stored.get(ino).copied().unwrap_or_default();
+        if (s.files, s.dirs, s.bytes) != (w.files, w.dirs, w.bytes) {
             findings.push(format!(
-                "{path}: chunk 0 (held in its inode record) does not match its checksum"
+                "directory {ino} records {} files, {} dirs, {} bytes below it; the records say {}, {}, {}",
+                s.files, s.dirs, s.bytes, w.files, w.dirs, w.bytes
+            ));
+        }
+        if s.depth < w.depth || s.path_bytes < w.path_bytes {
+            findings.push(format!(
+                "directory {ino} bounds its paths at {} levels and {} bytes, but one below it is {} levels and {} bytes",
+                s.depth, s.path_bytes, w.depth, w.path_bytes
             ));
         }
     }
-    let mut damaged_images = HashSet::new();
-    if parts_whole {
-        r.for_each_undo(|_, u| {
-            if let crate::store::Undo::Inode { ino, old: Some(b) } = u
-                && crate::store::inline_is_damaged(b)
-            {
-                damaged_images.insert(*ino);
-            }
-            Ok(())
-        })?;
-    }
-    for ino in damaged_images {
-        findings.push(format!(
-            "an earlier version of inode {ino} kept by the history does not match its checksum"
-        ));
-    }
-    let damaged: HashSet<u64> = r.damaged_blobs()?.into_iter().collect();
-    if !damaged.is_empty() {
-        let mut named = HashSet::new();
-        for (ino, idx, b) in r.all_filemap()? {
-            if damaged.contains(&b) {
-                named.insert(b);
-                let path = crate::fs::path_of_inode(r, ino);
-                findings.push(format!(
-                    "{path}: chunk {idx} (blob {b}) does not match its checksum"
-                ));
-            }
-        }
-        for b in damaged.difference(&named) {
+    let indexed: HashSet<u64> = r.quota_rows()?.into_iter().map(|(d, _)| d).collect();
+    for (ino, s) in &stored {
+        if s.has_quota() != indexed.contains(ino) {
             findings.push(format!(
-                "blob {b} (an earlier version kept by the history) does not match its checksum"
+                "the quota of directory {ino} and the index of quotas disagree"
+            ));
+        }
+    }
+    for ino in &indexed {
+        if !stored.contains_key(ino) {
+            findings.push(format!(
+                "the index of quotas names directory {ino}, which has no subtree record"
+            ));
+        }
+    }
+    for (ino, s) in &stored {
+        let is_dir = dirs.find(*ino).is_some();
+        if !is_dir && (s.files, s.dirs, s.bytes) != (0, 0, 0) {
+            findings.push(format!(
+                "a subtree record with counts exists for {ino}, which is not a directory"
+            ));
+        } else if !want.contains_key(ino) && s.entries() + s.bytes != 0 {
+            findings.push(format!(
+                "directory {ino} records {} files, {} dirs, {} bytes below it, but it is empty",
+                s.files, s.dirs, s.bytes
             ));
         }
     }
     Ok(())
-}
-
-/// Where the store exceeds the limits it records for itself (a store built before a limit
-/// was lowered, or by a path that did not enforce it): one line per finding.
-fn over_limits(
-    r: &ReadTxn,
-    inodes: &HashMap<u64, crate::store::Inode>,
-    dirents: &[(u64, crate::store::DirEntry)],
-) -> Result<Vec<String>, StoreError> {
-    let Some(limits) = r
-        .meta_bytes(crate::store::schema::META_LIMITS)?
-        .and_then(|b| serde_json::from_slice::<Limits>(&b).ok())
-    else {
-        return Ok(Vec::new());
-    };
-    let mut findings = Vec::new();
-    let mut children: HashMap<u64, Vec<&crate::store::DirEntry>> = HashMap::new();
-    for (parent, e) in dirents {
-        children.entry(*parent).or_default().push(e);
-    }
-    // Every path from the root, iteratively: (inode, path bytes, depth).
-    let mut stack = vec![(ROOT_INO, String::new(), 0usize)];
-    let mut visited = HashSet::new();
-    while let Some((dir, path, depth)) = stack.pop() {
-        if !visited.insert(dir) {
-            continue;
-        }
-        let entries = children.get(&dir).map(Vec::as_slice).unwrap_or_default();
-        let mut folded: HashMap<String, &str> = HashMap::new();
-        for e in entries {
-            let p = format!("{path}/{}", e.name);
-            if depth + 1 > limits.max_depth {
-                findings.push(format!(
-                    "{p:?} is {} levels deep, over the store's --max-depth {}",
-                    depth + 1,
-                    limits.max_depth
-                ));
-            }
-            if p.len() > limits.max_path_bytes {
-                findings.push(format!(
-                    "{p:?} is {} bytes, over the store's --max-path-bytes {}",
-                    p.len(),
-                    limits.max_path_bytes
-                ));
-            }
-            if limits.names == NameRules::Portable {
-                if let Err(err) = Name::parse(e.name.as_bytes(), NameRules::Portable) {
-                    findings.push(format!("{p:?}: {err}"));
-                }
-                if let Some(other) = folded.insert(crate::fs::name::fold_case(&e.name), &e.name) {
-                    findings.push(format!(
-                        "{p:?} and {other:?} differ only in case, under the store's --names portable"
-                    ));
-                }
-            }
-            if let Some(i) = inodes.get(&e.ino) {
-                if i.kind == Kind::File && i.size > limits.max_file_bytes {
-                    findings.push(format!(
-                        "{p:?} is {} bytes, over the store's --max-file-bytes {}",
-                        i.size, limits.max_file_bytes
-                    ));
-                }
-                if i.kind == Kind::Dir {
-                    stack.push((e.ino, p, depth + 1));
-                }
-            }
-        }
-    }
-    let content: u64 = inodes.values().map(|i| i.size).sum();
-    if limits.quota_bytes > 0 && content > limits.quota_bytes {
-        findings.push(format!(
-            "the store holds {content} content bytes, over its --quota {}",
-            limits.quota_bytes
-        ));
-    }
-    let count = inodes.len() as u64;
-    if count > limits.max_files {
-        findings.push(format!(
-            "the store holds {count} files and directories, over its --max-files {}",
-            limits.max_files
-        ));
-    }
-    Ok(findings)
 }

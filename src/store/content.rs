@@ -242,8 +242,36 @@ impl ReadTxn {
         Ok(false)
     }
 
-    /// Every blob's reference count, and the blob ids that exist (for check).
-    pub fn blob_accounting(&self) -> Result<(HashMap<u64, u64>, Vec<u64>), StoreError> {
+    /// Calls `f` on every (ino, chunk index, blob id, the blob's content length or None
+    /// when the blob is missing), in key order, one at a time (for check).
+    pub fn for_each_chunk(
+        &self,
+        mut f: impl FnMut(u64, u64, u64, Option<u64>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
+        let blobs = self.blobs()?;
+        for item in map.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, idx) = k.value();
+            let b = v.value();
+            let len = blobs
+                .get(b)?
+                .map(|v| match schema::decode_blob_value(v.value()) {
+                    Some(BlobValue::Delta { delta, .. }) => {
+                        super::delta::target_len(delta).unwrap_or(0)
+                    }
+                    _ => v.value().len().saturating_sub(4) as u64,
+                });
+            f(ino, idx, b, len)?;
+        }
+        Ok(())
+    }
+
+    /// Every blob's reference count entry, the blob ids that exist (full and delta) and
+    /// those whose content does not match its checksum (a delta's once rebuilt: see
+    /// `damaged_blobs`), for check.
+    #[allow(clippy::type_complexity)]
+    pub fn blob_census(&self) -> Result<(HashMap<u64, u64>, Vec<u64>, Vec<u64>), StoreError> {
         let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
         let mut counts = HashMap::new();
         for item in refs.iter().map_err(map_err)? {
@@ -255,19 +283,7 @@ impl ReadTxn {
             ids.push(id);
             Ok(())
         })?;
-        Ok((counts, ids))
-    }
-
-    /// Every (ino, chunk index, blob id) of current content (for check).
-    pub fn all_filemap(&self) -> Result<Vec<(u64, u64, u64)>, StoreError> {
-        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
-        let mut out = Vec::new();
-        for item in map.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            let (ino, idx) = k.value();
-            out.push((ino, idx, v.value()));
-        }
-        Ok(out)
+        Ok((counts, ids, self.damaged_blobs()?))
     }
 
     /// Blobs whose content does not match its checksum, a delta's once rebuilt from its

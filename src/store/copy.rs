@@ -1,7 +1,8 @@
 //! Copies of a store: every table of one read snapshot written into a new store file.
 //!
-//! Invariant kept here: a copy is complete in itself, committed durably in one transaction,
-//! with no write-ahead log belonging to it.
+//! Invariant kept here: a copy is complete in itself, written in one transaction and synced
+//! to disk once it is whole, with no write-ahead log belonging to it. Tables are copied as
+//! their stored bytes, in key order: nothing is decoded or encoded on the way.
 
 use std::path::Path;
 
@@ -23,6 +24,99 @@ pub struct CopyStats {
 /// redb's cache for the file a copy writes (its write buffer is half of it).
 const COPY_CACHE_BYTES: usize = 8 * 1024 * 1024;
 
+/// The bytes of a `T` as stored, under `T`'s name and order: a table opened through it is
+/// the same table, read and written without decoding or encoding a key or value.
+struct Raw<T>(std::marker::PhantomData<T>);
+
+impl<T> std::fmt::Debug for Raw<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Raw")
+    }
+}
+
+impl<T: redb::Value + 'static> redb::Value for Raw<T> {
+    type SelfType<'a>
+        = &'a [u8]
+    where
+        Self: 'a;
+    type AsBytes<'a>
+        = &'a [u8]
+    where
+        Self: 'a;
+
+    const NICHE: Option<&'static [u8]> = T::NICHE;
+
+    fn fixed_width() -> Option<usize> {
+        T::fixed_width()
+    }
+
+    fn from_bytes<'a>(data: &'a [u8]) -> &'a [u8]
+    where
+        Self: 'a,
+    {
+        data
+    }
+
+    fn as_bytes<'a, 'b: 'a>(value: &'a &'b [u8]) -> &'a [u8]
+    where
+        Self: 'b,
+    {
+        value
+    }
+
+    fn type_name() -> redb::TypeName {
+        T::type_name()
+    }
+}
+
+impl<T: redb::Key + 'static> redb::Key for Raw<T> {
+    fn compare(data1: &[u8], data2: &[u8]) -> std::cmp::Ordering {
+        T::compare(data1, data2)
+    }
+
+    fn separator<'a>(left: &'a [u8], right: &'a [u8]) -> std::borrow::Cow<'a, [u8]> {
+        T::separator(left, right)
+    }
+
+    fn min_encoded_key() -> Option<std::borrow::Cow<'static, [u8]>> {
+        T::min_encoded_key()
+    }
+}
+
+/// The file a copy writes, with redb's syncs left out: redb syncs a new file a dozen times
+/// between its creation and its close (headers, the commit, the clean shutdown), each a
+/// disk flush of its own; `copy_to` syncs the finished file once instead. Nothing sees the
+/// file before then: it has a temporary name until the caller renames it into place.
+#[derive(Debug)]
+struct SyncedOnce(redb::backends::FileBackend);
+
+impl redb::StorageBackend for SyncedOnce {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.0.close()
+    }
+}
+
+/// Copies one table as stored bytes, in key order.
 fn copy_table<K, V>(
     from: &redb::ReadTransaction,
     to: &redb::WriteTransaction,
@@ -34,14 +128,16 @@ where
     K: redb::Key + 'static,
     V: redb::Value + 'static,
 {
-    let src = from.open_table(def).map_err(map_err)?;
-    let mut dst = to.open_table(def).map_err(map_err)?;
+    use redb::TableHandle;
+    let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
+    let src = from.open_table(raw).map_err(map_err)?;
+    let mut dst = to.open_table(raw).map_err(map_err)?;
     for item in src.iter().map_err(map_err)? {
         let (k, v) = item.map_err(map_err)?;
+        let (k, v) = (k.value(), v.value());
         stats.entries += 1;
-        stats.bytes += (K::as_bytes(&k.value()).as_ref().len()
-            + V::as_bytes(&v.value()).as_ref().len()) as u64;
-        dst.insert(k.value(), v.value()).map_err(map_err)?;
+        stats.bytes += (k.len() + v.len()) as u64;
+        dst.insert(k, v).map_err(map_err)?;
         progress(stats.entries);
     }
     Ok(())
@@ -57,7 +153,10 @@ impl ReadTxn {
     ) -> Result<CopyStats, StoreError> {
         let file = crate::private::create_new(out)
             .map_err(|e| StoreError::Refused(crate::private::describe(out, e)))?;
-        let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
+        let synced = file
+            .try_clone()
+            .map_err(|e| StoreError::Io(crate::private::describe(out, e)))?;
+        let backend = SyncedOnce(redb::backends::FileBackend::new(file).map_err(map_err)?);
         // The copy's pages are written once, so a small cache serves: it bounds what a
         // snapshot adds to the daemon's memory (redb's default, 1 GiB, let the RSS grow by
         // the whole store during one; the store's own 32 MiB still added as much again).
@@ -107,6 +206,9 @@ impl ReadTxn {
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
         drop(db);
+        synced
+            .sync_all()
+            .map_err(|e| StoreError::Io(crate::private::describe(out, e)))?;
         Ok(stats)
     }
 }

@@ -170,6 +170,45 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// Calls `f` on every inode record, in inode order, one at a time (for check), with
+    /// its inline chunk: None when the record holds none, `Some(None)` when it does not match
+    /// its checksum, else `Some(Some(length))` (0 when redacted).
+    pub fn for_each_inode(
+        &self,
+        mut f: impl FnMut(Inode, Option<Option<u64>>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, raw) = (k.value(), v.value());
+            let inode = Inode::decode(ino, raw).ok_or_else(|| corrupt("record", ino))?;
+            let inline = inline_chunk(raw).map(|c| match c {
+                InlineChunk::Content(d) => Some(d.len() as u64),
+                InlineChunk::Redacted => Some(0),
+                InlineChunk::Damaged => None,
+            });
+            f(inode, inline)?;
+        }
+        Ok(())
+    }
+
+    /// Calls `f` on every dirent as (parent, name, child, kind), in key order, one at a time
+    /// (for check).
+    pub fn for_each_dirent(
+        &self,
+        mut f: impl FnMut(u64, &str, u64, Kind) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (parent, name) = k.value();
+            let (ino, kind) = v.value();
+            let kind = Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?;
+            f(parent, name, ino, kind)?;
+        }
+        Ok(())
+    }
+
     /// Every dirent as (parent, entry), in key order (for check and tools).
     pub fn all_dirents(&self) -> Result<Vec<(u64, DirEntry)>, StoreError> {
         let t = self.tx.open_table(DIRENTS).map_err(map_err)?;

@@ -133,6 +133,12 @@ impl ReadOnlyStore {
         self.store.read()
     }
 
+    /// Whether this reads a private copy (the store had to be written first: recovered,
+    /// migrated or its aggregates built), not the file itself.
+    pub fn is_private_copy(&self) -> bool {
+        self.copy.is_some()
+    }
+
     /// Bytes the store file occupies on disk.
     pub fn file_bytes(&self) -> u64 {
         std::fs::metadata(&self.path).map(|m| m.len()).unwrap_or(0)

@@ -10,7 +10,7 @@ use super::common::lookup_path;
 use super::common::{Result, err};
 use crate::private::parent_dir;
 use crate::store::disk::Disk;
-use crate::store::schema::META_LIMITS;
+use crate::store::schema::{META_LIMITS, META_REPLICA_GENERATIONS, META_REPLICAS};
 use crate::store::{CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, now_ns};
 
 /// What `snapshot` reports.
@@ -29,18 +29,25 @@ fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-/// Opens a store file and checks it: redb's integrity check plus every invariant.
+/// Checks a store file without writing to it: redb's integrity check (through an overlay
+/// that keeps its writes in memory) plus every invariant. The file is opened read-only, so
+/// a snapshot's copy is left exactly as it was written and synced.
 pub fn verify(path: &Path) -> Result<()> {
-    verify_on(&Disk::Host, path)
+    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+    if !s.check_integrity().map_err(err)? {
+        return Err(format!("{}: redb had to repair the file", path.display()));
+    }
+    no_findings(&s.read().map_err(err)?, path)
 }
 
 /// Set once a process serves a mount: see `verify_copy`.
 static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
 
 /// From now on this process checks the copies it writes in a child process. The check
-/// holds every inode and directory entry of the copy in memory at once (hundreds of
-/// megabytes at a million files); a daemon that did it in its own address space kept that
-/// high-water mark, and much of the memory, for the rest of its life.
+/// holds 14 bytes per inode, but history's index check decodes each history record whole
+/// (an import's record of a million files takes hundreds of megabytes); a daemon that did
+/// it in its own address space kept that high-water mark, and much of the memory, for the
+/// rest of its life.
 pub fn check_copies_apart() {
     COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
 }
@@ -84,13 +91,32 @@ fn verify_copy(path: &Path) -> Result<()> {
     }
 }
 
-fn verify_on(disk: &Disk, path: &Path) -> Result<()> {
-    let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
-    verify_open(&mut s, path)
-}
-
-/// `verify`, then `disown`, on one opening of the store (a restore's copy).
+/// `verify`, then `disown` (a restore's copy). On the host, a copy that needs no writing
+/// (no migration, no replica settings to drop) is checked read-only and never opened for
+/// writing: each writable opening costs several syncs of the file.
 fn verify_and_disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
+    if let Disk::Host = disk {
+        let mut ro = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+        if !ro.is_private_copy() {
+            if !ro.check_integrity().map_err(err)? {
+                return Err(format!("{}: redb had to repair the file", path.display()));
+            }
+            let r = ro.read().map_err(err)?;
+            no_findings(&r, path)?;
+            let owned = [META_REPLICAS, META_REPLICA_GENERATIONS]
+                .iter()
+                .map(|k| r.meta_bytes(k).map(|v| v.is_some()))
+                .collect::<std::result::Result<Vec<bool>, _>>()
+                .map_err(err)?;
+            drop(r);
+            drop(ro);
+            if !owned.contains(&true) {
+                return Ok(Vec::new());
+            }
+            let s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
+            return crate::replica::config::disown(&s).map_err(err);
+        }
+    }
     let mut s = Store::open_existing_on(disk.clone(), path).map_err(err)?;
     verify_open(&mut s, path)?;
     crate::replica::config::disown(&s).map_err(err)
@@ -100,7 +126,11 @@ fn verify_open(s: &mut Store, path: &Path) -> Result<()> {
     if !s.check_integrity().map_err(err)? {
         return Err(format!("{}: redb had to repair the file", path.display()));
     }
-    let findings = crate::check::invariants(&s.read().map_err(err)?).map_err(err)?;
+    no_findings(&s.read().map_err(err)?, path)
+}
+
+fn no_findings(r: &ReadTxn, path: &Path) -> Result<()> {
+    let findings = crate::check::invariants(r).map_err(err)?;
     if let Some(f) = findings.first() {
         return Err(format!(
             "{}: {f} ({} findings)",
