@@ -31,12 +31,10 @@ impl Store {
         Ok(())
     }
 
-    /// The name of process `pid` now, from the same read of /proc that gives its start
-    /// time: never a name cached for the pid, which a new process may have been handed since.
+    /// The name of process `pid` now, from /proc: never a name cached for the pid, which a
+    /// new process may have been handed since.
     pub(super) fn process_name(&self, pid: u32) -> String {
-        crate::process::stat(pid)
-            .map(|s| s.name)
-            .unwrap_or_default()
+        crate::process::name(pid).unwrap_or_default()
     }
 
     /// Drops every history record to make room on a full disk: current content comes first.

@@ -102,7 +102,19 @@ impl Store {
     /// the history record is read from /proc before the write lock is taken, not while every
     /// other writer waits for it.
     pub fn write_by(&self, pid: u32) -> Result<WriteTxn<'_>, StoreError> {
-        let comm = (pid != 0 && self.history_on()).then(|| (pid, self.process_name(pid)));
+        self.write_by_named(pid, None)
+    }
+
+    /// `write_by`, with the process's name when the caller already read it from /proc (in
+    /// the same request or an earlier one of that pid, while it waited for the reply); only
+    /// `None` reads it.
+    pub fn write_by_named(
+        &self,
+        pid: u32,
+        name: Option<String>,
+    ) -> Result<WriteTxn<'_>, StoreError> {
+        let comm = (pid != 0 && self.history_on())
+            .then(|| (pid, name.unwrap_or_else(|| self.process_name(pid))));
         let mut w = self.write()?;
         w.comm = comm;
         Ok(w)
