@@ -186,6 +186,17 @@ impl WriteTxn<'_> {
         lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
     }
 
+    /// Calls `f` with a reader of inode records (`None` for a missing or unreadable one) over
+    /// one opening of the table, for walks that read many: a path up to the root reads an
+    /// inode per level, and each `inode` call opens the table afresh.
+    pub fn with_inodes<R>(
+        &self,
+        f: impl FnOnce(&dyn Fn(u64) -> Option<Inode>) -> R,
+    ) -> Result<R, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        Ok(f(&|ino| get_inode_in(&t, ino).ok().flatten()))
+    }
+
     /// Up to `limit` entries of directory `parent`, in name order.
     pub fn list(&self, parent: u64, limit: usize) -> Result<Vec<DirEntry>, StoreError> {
         list_in(
