@@ -429,6 +429,41 @@ fn a_durable_create_reads_proc_twice_and_its_records_name_the_writer() {
     );
 }
 
+/// Each commit skips its look for expired records while its cutoff has not passed the
+/// oldest record's time, which an earlier look remembered; once retention is shortened and
+/// that time passes, the next commit drops what has expired and nothing newer.
+#[test]
+fn expiry_skipped_until_the_oldest_record_is_due_then_drops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let write = |name: &str| {
+        let (_, fh) = fs
+            .create(ME, ROOT_INO, name.as_bytes(), 0o100600, 0, libc::O_WRONLY)
+            .unwrap();
+        fs.write(ME, fh, 0, name.as_bytes()).unwrap();
+        fs.release(fh).unwrap();
+    };
+    for i in 0..4 {
+        write(&format!("old{i}"));
+    }
+    let r = fs.store().read().unwrap();
+    let old = r.history(1..=r.last_seq().unwrap()).unwrap().len();
+    assert!(old >= 8, "a create and a write each: {old}");
+    drop(r);
+    fs.store().set_keep_history(300_000_000).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    write("new");
+    let r = fs.store().read().unwrap();
+    let left = r.history(1..=r.last_seq().unwrap()).unwrap();
+    let paths: Vec<&str> = left
+        .iter()
+        .flat_map(|h| h.paths.iter().map(String::as_str))
+        .collect();
+    assert_eq!(paths, ["/new", "/new"], "{left:?}");
+}
+
 #[test]
 fn retention_drops_what_is_older_and_nothing_newer() {
     if !fuse_available() {

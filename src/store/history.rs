@@ -849,11 +849,27 @@ impl WriteTxn<'_> {
         // each commit made every commit cost (and allocate) its size.
         // Counted as work: one step for the look, and each record read at its size.
         self.step(1);
+        // Nothing expires before the cutoff passes the oldest record's time, which the last
+        // look that found nothing remembered: records only get newer (each new one is
+        // stamped now; dropping, redacting and rolling back remove or keep old ones), so
+        // until then the look is skipped. Wrong only the safe way: a record stamped earlier
+        // by a clock set back expires once the cutoff passes the remembered time.
+        if cutoff <= self.store.history_oldest.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let expired: Vec<u64> = {
             let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
             let mut v = Vec::new();
             for item in times.range(..(cutoff, 0)).map_err(map_err)?.take(max) {
                 v.push(item.map_err(map_err)?.0.value().1);
+            }
+            if v.is_empty() {
+                // This transaction's own record is in the index, so there is a first.
+                if let Some(first) = times.first().map_err(map_err)? {
+                    self.store
+                        .history_oldest
+                        .fetch_max(first.0.value().0, Ordering::Relaxed);
+                }
             }
             v
         };
