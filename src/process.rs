@@ -4,8 +4,50 @@
 //! come from `/proc/PID/stat`, read in one go; its second field, the process name, may hold
 //! anything up to 15 bytes (spaces, parentheses, terminal escapes), so the fields after it are
 //! found from its last `)`.
+//!
+//! Every durable operation asks /proc at least once (the lost-update tracker and the history
+//! record name the caller), so each question is one `open`, as few `read`s as it takes (one
+//! in practice) and a `close`, into a buffer on the stack: no size query, no seek, no heap.
 
+use std::cell::Cell;
 use std::io::Read;
+
+thread_local! {
+    /// Files of /proc this thread has read (see `reads_on_this_thread`).
+    static READS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many files of /proc this thread has read so far: tests count what an operation asks.
+pub fn reads_on_this_thread() -> u64 {
+    READS.with(Cell::get)
+}
+
+/// Reads `/proc/{pid}/{file}` into `buf` until `enough` says the text so far holds what the
+/// caller needs, the file ends or `buf` is full; `None` if it cannot be opened or read.
+fn read_proc<'a>(
+    pid: u32,
+    file: &str,
+    buf: &'a mut [u8],
+    enough: impl Fn(&[u8]) -> bool,
+) -> Option<&'a [u8]> {
+    READS.with(|r| r.set(r.get() + 1));
+    let mut f = std::fs::File::open(format!("/proc/{pid}/{file}")).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if enough(&buf[..len]) {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(&buf[..len])
+}
 
 /// A process as the kernel started it: its pid (thread group id) and its start time, in clock
 /// ticks since boot (field 22 of `/proc/PID/stat`). Two processes that held the same pid
@@ -39,34 +81,63 @@ pub fn stat(pid: u32) -> Option<Stat> {
     if pid == 0 {
         return None;
     }
-    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
-    // About 300 bytes; one read in the usual case.
-    let mut raw = Vec::with_capacity(512);
-    f.read_to_end(&mut raw).ok()?;
-    parse_stat(&raw)
+    // About 300 bytes, and the start time comes within the first 450 whatever the fields
+    // hold; a read that ends inside the start time's digits is not enough (see `parse_stat`).
+    let mut buf = [0u8; 1024];
+    parse_stat(read_proc(pid, "stat", &mut buf, |r| {
+        stat_fields(r).is_some()
+    })?)
+}
+
+/// Task `pid`'s name (`comm`, as `stat` gives it), from `/proc/PID/comm`: a smaller read for
+/// the kernel than the whole stat line. `None` when there is no such task.
+pub fn name(pid: u32) -> Option<String> {
+    if pid == 0 {
+        return None;
+    }
+    // At most 63 bytes (a kernel thread's name) and a newline.
+    let mut buf = [0u8; 128];
+    let raw = read_proc(pid, "comm", &mut buf, |r| r.ends_with(b"\n"))?;
+    let raw = raw.strip_suffix(b"\n")?;
+    Some(String::from_utf8_lossy(raw).into_owned())
 }
 
 /// Parses the text of `/proc/PID/stat`: `pid (name) state ppid ... starttime ...`.
 pub fn parse_stat(raw: &[u8]) -> Option<Stat> {
+    let (name, start) = stat_fields(raw)?;
+    Some(Stat {
+        name: String::from_utf8_lossy(name).into_owned(),
+        start,
+    })
+}
+
+/// The name and the start time in the text of `/proc/PID/stat`, without copying.
+fn stat_fields(raw: &[u8]) -> Option<(&[u8], u64)> {
     let open = raw.iter().position(|&b| b == b'(')?;
     let close = raw.iter().rposition(|&b| b == b')')?;
     if close < open {
         return None;
     }
-    let name = String::from_utf8_lossy(&raw[open + 1..close]).into_owned();
     let rest = std::str::from_utf8(&raw[close + 1..]).ok()?;
-    // The fields after the name are numbered from 3 (state); the start time is field 22.
-    let start = rest.split_ascii_whitespace().nth(22 - 3)?.parse().ok()?;
-    Some(Stat { name, start })
+    // The fields after the name are numbered from 3 (state); the start time is field 22,
+    // taken only when a field follows it, so a text cut short inside its digits is refused.
+    let mut fields = rest.split_ascii_whitespace().skip(22 - 3);
+    let start = fields.next()?.parse().ok()?;
+    fields.next()?;
+    Some((&raw[open + 1..close], start))
 }
 
 /// The process (thread group) of thread `tid`, from `/proc/TID/status`.
 pub fn thread_group(tid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
+    // The Tgid line comes fourth, within the first 100 bytes or so of about 1,500.
+    fn tgid(raw: &[u8]) -> Option<u32> {
+        let at = raw.windows(6).position(|w| w == b"\nTgid:")? + 6;
+        let line = &raw[at..];
+        let end = line.iter().position(|&b| b == b'\n')?;
+        std::str::from_utf8(&line[..end]).ok()?.trim().parse().ok()
+    }
+    let mut buf = [0u8; 2048];
+    tgid(read_proc(tid, "status", &mut buf, |r| tgid(r).is_some())?)
 }
 
 /// The process thread `tid` belongs to, given the thread's own start time (`tid_start`, as
@@ -98,6 +169,22 @@ mod tests {
         assert_eq!(s.start, 987654);
         assert_eq!(parse_stat(b"4242 (no close S 1"), None);
         assert_eq!(parse_stat(b"4242 (short) S 1 2 3"), None);
+        // A read that stopped inside the start time's digits is not a start time.
+        let cut = line.len() - b" 12345 678 ...\n".len();
+        assert_eq!(parse_stat(&line[..cut]), None);
+        assert_eq!(parse_stat(&line[..cut + 1]), None);
+        assert_eq!(parse_stat(&line[..cut + 2]).map(|s| s.start), Some(987654));
+    }
+
+    #[test]
+    fn a_name_and_a_thread_group_each_take_one_file() {
+        let me = std::process::id();
+        let before = reads_on_this_thread();
+        assert_eq!(name(me), Some(stat(me).expect("our stat").name));
+        assert_eq!(thread_group(me), Some(me));
+        assert_eq!(reads_on_this_thread() - before, 3);
+        assert_eq!(name(0), None);
+        assert_eq!(name(u32::MAX), None);
     }
 
     #[test]

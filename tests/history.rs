@@ -352,6 +352,118 @@ fn attribution_names_the_writing_process() {
     }
 }
 
+/// A durable create as the SDK makes it (create, write, fsync, close) reads /proc twice: the
+/// creator's name for the create's record, and the writer's pid, start time and name in one
+/// read at its first write, which the fsync's record then takes. It read three times when
+/// each commit read the name itself. A write from another thread of the same handle is told
+/// afresh: its commit names that thread.
+#[test]
+fn a_durable_create_reads_proc_twice_and_its_records_name_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let me = Caller {
+        pid: nix::unistd::gettid().as_raw() as u32,
+        ..ME
+    };
+    let my_name = redbfs::process::name(me.pid).unwrap();
+    let reads = redbfs::process::reads_on_this_thread;
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+    // The first write of a thread also finds its process (its thread group's pid and start
+    // time), once: that is cached while the thread lives.
+    let (_, fh) = fs
+        .create(me, ROOT_INO, b"first.md", 0o100600, 0, flags)
+        .unwrap();
+    fs.write(me, fh, 0, b"first").unwrap();
+    fs.release(fh).unwrap();
+    let before = reads();
+    let (_, fh) = fs
+        .create(me, ROOT_INO, b"a.md", 0o100600, 0, flags)
+        .unwrap();
+    fs.write(me, fh, 0, b"hello").unwrap();
+    fs.fsync(fh).unwrap();
+    fs.flush(fh).unwrap();
+    assert_eq!(
+        reads() - before,
+        2,
+        "/proc reads of a create, write, fsync, close"
+    );
+    // More writes by the same thread: told already.
+    fs.write(me, fh, 5, b" again").unwrap();
+    fs.fsync(fh).unwrap();
+    assert_eq!(reads() - before, 2);
+    // Another thread (another name) writes through the same handle.
+    let fs = std::sync::Arc::new(fs);
+    let other = std::thread::Builder::new()
+        .name("other-writer".into())
+        .spawn({
+            let fs = fs.clone();
+            move || {
+                let tid = nix::unistd::gettid().as_raw() as u32;
+                fs.write(Caller { pid: tid, ..ME }, fh, 11, b"!").unwrap();
+                tid
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    let r = fs.store().read().unwrap();
+    let recs = r.history(1..=r.last_seq().unwrap()).unwrap();
+    let named: Vec<(&str, u32, &str)> = recs
+        .iter()
+        .rev()
+        .filter(|h| (h.op == "create" || h.op == "write") && h.paths == ["/a.md"])
+        .map(|h| (h.op.as_str(), h.pid, h.comm.as_str()))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("create", me.pid, my_name.as_str()),
+            ("write", me.pid, my_name.as_str()),
+            ("write", me.pid, my_name.as_str()),
+            ("write", other, "other-writer"),
+        ]
+    );
+}
+
+/// Each commit skips its look for expired records while its cutoff has not passed the
+/// oldest record's time, which an earlier look remembered; once retention is shortened and
+/// that time passes, the next commit drops what has expired and nothing newer.
+#[test]
+fn expiry_skipped_until_the_oldest_record_is_due_then_drops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let write = |name: &str| {
+        let (_, fh) = fs
+            .create(ME, ROOT_INO, name.as_bytes(), 0o100600, 0, libc::O_WRONLY)
+            .unwrap();
+        fs.write(ME, fh, 0, name.as_bytes()).unwrap();
+        fs.release(fh).unwrap();
+    };
+    for i in 0..4 {
+        write(&format!("old{i}"));
+    }
+    let r = fs.store().read().unwrap();
+    let old = r.history(1..=r.last_seq().unwrap()).unwrap().len();
+    assert!(old >= 8, "a create and a write each: {old}");
+    drop(r);
+    fs.store().set_keep_history(300_000_000).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    write("new");
+    let r = fs.store().read().unwrap();
+    let left = r.history(1..=r.last_seq().unwrap()).unwrap();
+    let paths: Vec<&str> = left
+        .iter()
+        .flat_map(|h| h.paths.iter().map(String::as_str))
+        .collect();
+    assert_eq!(paths, ["/new", "/new"], "{left:?}");
+}
+
 #[test]
 fn retention_drops_what_is_older_and_nothing_newer() {
     if !fuse_available() {

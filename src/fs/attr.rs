@@ -88,10 +88,10 @@ impl Fs {
 
     /// The path of `name` under `parent` from the mount root, as `w` sees it.
     pub(super) fn path_in(&self, w: &WriteTxn<'_>, parent: u64, name: &str) -> String {
-        self.walk_up(vec![name.to_string()], parent, |i| {
-            w.inode(i).ok().flatten()
-        })
-        .unwrap_or_else(|| format!("<inode {parent}>/{name}"))
+        w.with_inodes(|inode| self.walk_up(vec![name.to_string()], parent, inode))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| format!("<inode {parent}>/{name}"))
     }
 
     /// Completes a path, `tail` being its last components, by following parents from `dir`
@@ -117,10 +117,14 @@ impl Fs {
 
     /// The path of inode `ino` as `w` sees it.
     pub(super) fn ino_path_in(&self, w: &WriteTxn<'_>, ino: u64) -> String {
-        match w.inode(ino) {
-            Ok(Some(i)) if ino != ROOT_INO => self.path_in(w, i.parent, &i.name),
-            _ => "/".to_string(),
-        }
+        let path = w.with_inodes(|inode| match inode(ino) {
+            Some(i) if ino != ROOT_INO => Some(
+                self.walk_up(vec![i.name.clone()], i.parent, inode)
+                    .unwrap_or_else(|| format!("<inode {}>/{}", i.parent, i.name)),
+            ),
+            _ => None,
+        });
+        path.ok().flatten().unwrap_or_else(|| "/".to_string())
     }
 
     /// Names the operation in `w` for its history record (only when history is on).

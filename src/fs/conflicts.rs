@@ -168,14 +168,20 @@ impl Tracker {
     /// One read of `/proc/TID/stat` tells whether the cached thread is still the one holding
     /// the tid; a new thread is looked up outside the lock.
     pub fn identify(&self, tid: u32) -> Option<ProcessId> {
+        self.identify_named(tid).map(|(p, _)| p)
+    }
+
+    /// `identify`, with the thread's name (`comm`) from the same read of /proc.
+    pub fn identify_named(&self, tid: u32) -> Option<(ProcessId, String)> {
         if self.mode == LostUpdates::Off || tid == 0 {
             return None;
         }
-        let now = process::stat(tid)?.start;
+        let stat = process::stat(tid)?;
+        let now = stat.start;
         if let Some((start, p)) = lock(&self.state).threads.get(&tid)
             && *start == now
         {
-            return Some(*p);
+            return Some((*p, stat.name));
         }
         let p = process::of_thread(tid, now)?;
         let mut s = lock(&self.state);
@@ -183,7 +189,7 @@ impl Tracker {
             s.threads.clear();
         }
         s.threads.insert(tid, (now, p));
-        Some(p)
+        Some((p, stat.name))
     }
 
     /// Thread `tid` opened inode `ino`, named `name` in `parent`, for reading.

@@ -70,6 +70,9 @@ pub struct OpenFile {
     /// That caller's process, told when it wrote (it may have exited by the commit), for
     /// the lost-update tracker.
     pub writer: Option<crate::process::ProcessId>,
+    /// The name of the last writer's thread, from the same read of /proc that told
+    /// `writer`, for the history record (`None`: the commit reads it).
+    pub writer_name: Option<String>,
     /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
     pub reserved: u64,
     /// The same growth held against each directory quota above the file: (directory, bytes).
@@ -89,6 +92,7 @@ impl OpenFile {
             changed: false,
             last_writer: super::Caller::default(),
             writer: None,
+            writer_name: None,
             reserved: 0,
             dir_reserved: Vec::new(),
             spilled: None,

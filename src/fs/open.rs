@@ -181,7 +181,9 @@ impl Fs {
             return Ok(());
         }
         self.writable()?;
-        let mut w = self.store.write_by(g.last_writer.pid)?;
+        let mut w = self
+            .store
+            .write_by_named(g.last_writer.pid, g.writer_name.clone())?;
         self.describe(
             &mut w,
             g.last_writer,
@@ -320,10 +322,14 @@ impl Fs {
     }
 
     /// `caller` changes `g`'s content: its commit is attributed to it, and to its process,
-    /// told now, while the caller waits for this request (it may exit before the commit).
+    /// told now, while the caller waits for this request (it may exit before the commit). The
+    /// same read of /proc gives the name the commit's history record takes, so a commit
+    /// after a write reads /proc no more.
     pub(super) fn note_writer(&self, g: &mut OpenFile, caller: Caller) {
         if g.last_writer.pid != caller.pid || g.writer.is_none() {
-            g.writer = self.tracker.identify(caller.pid);
+            let told = self.tracker.identify_named(caller.pid);
+            g.writer = told.as_ref().map(|t| t.0);
+            g.writer_name = told.map(|t| t.1);
         }
         g.last_writer = caller;
     }

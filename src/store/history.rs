@@ -34,12 +34,10 @@ impl Store {
         Ok(())
     }
 
-    /// The name of process `pid` now, from the same read of /proc that gives its start
-    /// time: never a name cached for the pid, which a new process may have been handed since.
+    /// The name of process `pid` now, from /proc: never a name cached for the pid, which a
+    /// new process may have been handed since.
     pub(super) fn process_name(&self, pid: u32) -> String {
-        crate::process::stat(pid)
-            .map(|s| s.name)
-            .unwrap_or_default()
+        crate::process::name(pid).unwrap_or_default()
     }
 
     /// Drops every history record to make room on a full disk: current content comes first.
@@ -1106,11 +1104,27 @@ impl WriteTxn<'_> {
         // the oldest record may be an import's with many parts, dropped a part at a time.
         // Counted as work: one step for the look, and each record at its entries.
         self.step(1);
+        // Nothing expires before the cutoff passes the oldest record's time, which the last
+        // look that found nothing remembered: records only get newer (each new one is
+        // stamped now; dropping, redacting and rolling back remove or keep old ones), so
+        // until then the look is skipped. Wrong only the safe way: a record stamped earlier
+        // by a clock set back expires once the cutoff passes the remembered time.
+        if cutoff <= self.store.history_oldest.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         let expired: Vec<u64> = {
             let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
             let mut v = Vec::new();
             for item in times.range(..(cutoff, 0)).map_err(map_err)?.take(max) {
                 v.push(item.map_err(map_err)?.0.value().1);
+            }
+            if v.is_empty() {
+                // This transaction's own record is in the index, so there is a first.
+                if let Some(first) = times.first().map_err(map_err)? {
+                    self.store
+                        .history_oldest
+                        .fetch_max(first.0.value().0, Ordering::Relaxed);
+                }
             }
             v
         };

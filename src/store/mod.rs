@@ -227,6 +227,10 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
+    /// No history record is older than this (ns since the epoch), as the last look for
+    /// expired records found: each commit's expiry skips its look while its cutoff has not
+    /// passed it (see `WriteTxn::expire_history`).
+    history_oldest: std::sync::atomic::AtomicI64,
     /// Bookkeeping steps of every committed write transaction (see `Store::commit_work`).
     commit_steps: AtomicU64,
     /// Commits through the log that waited for it (see `Store::commit_stats`).

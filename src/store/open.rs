@@ -75,6 +75,7 @@ impl Store {
             wal: OnceLock::new(),
             keep_history_ns: AtomicU64::new(0),
             disk_free: AtomicU64::new(u64::MAX),
+            history_oldest: std::sync::atomic::AtomicI64::new(i64::MIN),
             commit_steps: AtomicU64::new(0),
             durable_commits: AtomicU64::new(0),
             preflush: OnceLock::new(),

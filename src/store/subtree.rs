@@ -324,18 +324,66 @@ impl WriteTxn<'_> {
         self.row_mut(dir).map(|r| *r)
     }
 
-    /// The parent of directory `dir` and its name's length.
-    fn chain_step(&mut self, dir: u64) -> Result<(u64, u32), StoreError> {
-        if let Some(&c) = self.agg.chain.get(&dir) {
-            return Ok(c);
+    /// The directories from `start` up to the root, both included, each with its name's
+    /// length (0 for the root). Those this transaction has not met yet are read over one
+    /// opening of the inode table, and their rows over one of the subtree table: a walk up
+    /// used to open each table once per level.
+    fn chain_from(&mut self, start: u64) -> Result<Vec<(u64, u32)>, StoreError> {
+        let mut chain = Vec::new();
+        let mut cur = start;
+        {
+            let mut inodes = None;
+            loop {
+                if chain.len() >= MAX_CHAIN {
+                    return Err(StoreError::Corrupt(format!(
+                        "the parents of directory {start} form a cycle"
+                    )));
+                }
+                if cur == ROOT_INO {
+                    chain.push((cur, 0));
+                    break;
+                }
+                let (parent, name_len) = match self.agg.chain.get(&cur) {
+                    Some(&c) => c,
+                    None => {
+                        self.store.subtree_work.fetch_add(1, Ordering::Relaxed);
+                        if inodes.is_none() {
+                            inodes = Some(self.tx.open_table(INODES).map_err(map_err)?);
+                        }
+                        let t = inodes.as_ref().expect("opened above");
+                        let i = super::read::get_inode_in(t, cur)?.ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "directory {cur} above a changed entry is missing"
+                            ))
+                        })?;
+                        let c = (i.parent, i.name.len() as u32);
+                        self.agg.chain.insert(cur, c);
+                        c
+                    }
+                };
+                chain.push((cur, name_len));
+                cur = parent;
+            }
         }
-        self.work(1);
-        let i = self.inode(dir)?.ok_or_else(|| {
-            StoreError::Corrupt(format!("directory {dir} above a changed entry is missing"))
-        })?;
-        let c = (i.parent, i.name.len() as u32);
-        self.agg.chain.insert(dir, c);
-        Ok(c)
+        let missing: Vec<u64> = chain
+            .iter()
+            .map(|&(d, _)| d)
+            .filter(|d| !self.agg.rows.contains_key(d))
+            .collect();
+        if !missing.is_empty() {
+            self.work(missing.len() as u64);
+            let t = self.tx.open_table(SUBTREE).map_err(map_err)?;
+            for dir in missing {
+                let stored = match t.get(dir).map_err(map_err)? {
+                    Some(v) => Some(decode_row(dir, v.value())?),
+                    None => None,
+                };
+                self.agg
+                    .rows
+                    .insert(dir, (stored, stored.unwrap_or_default()));
+            }
+        }
+        Ok(chain)
     }
 
     /// Adds `c` to every directory from `start` up to the root; `rel` is the (levels, bytes)
@@ -346,9 +394,8 @@ impl WriteTxn<'_> {
         c: Counts,
         mut rel: Option<(u64, u64)>,
     ) -> Result<(), StoreError> {
-        let mut cur = start;
-        for _ in 0..MAX_CHAIN {
-            let row = self.row_mut(cur)?;
+        for (dir, name_len) in self.chain_from(start)? {
+            let row = self.row_mut(dir)?;
             row.files = row.files.saturating_add_signed(c.files);
             row.dirs = row.dirs.saturating_add_signed(c.dirs);
             row.bytes = row.bytes.saturating_add_signed(c.bytes);
@@ -356,16 +403,9 @@ impl WriteTxn<'_> {
                 row.depth = row.depth.max(sat32(d));
                 row.path_bytes = row.path_bytes.max(sat32(b));
             }
-            if cur == ROOT_INO {
-                return Ok(());
-            }
-            let (p, name_len) = self.chain_step(cur)?;
             rel = rel.map(|(d, b)| (d + 1, b + name_len as u64 + 1));
-            cur = p;
         }
-        Err(StoreError::Corrupt(format!(
-            "the parents of directory {start} form a cycle"
-        )))
+        Ok(())
     }
 
     /// What inode `i` adds to its parent: itself, and for a directory everything below it.

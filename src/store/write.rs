@@ -102,7 +102,19 @@ impl Store {
     /// the history record is read from /proc before the write lock is taken, not while every
     /// other writer waits for it.
     pub fn write_by(&self, pid: u32) -> Result<WriteTxn<'_>, StoreError> {
-        let comm = (pid != 0 && self.history_on()).then(|| (pid, self.process_name(pid)));
+        self.write_by_named(pid, None)
+    }
+
+    /// `write_by`, with the process's name when the caller already read it from /proc (in
+    /// the same request or an earlier one of that pid, while it waited for the reply); only
+    /// `None` reads it.
+    pub fn write_by_named(
+        &self,
+        pid: u32,
+        name: Option<String>,
+    ) -> Result<WriteTxn<'_>, StoreError> {
+        let comm = (pid != 0 && self.history_on())
+            .then(|| (pid, name.unwrap_or_else(|| self.process_name(pid))));
         let mut w = self.write()?;
         w.comm = comm;
         Ok(w)
@@ -172,6 +184,17 @@ impl WriteTxn<'_> {
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
         lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+    }
+
+    /// Calls `f` with a reader of inode records (`None` for a missing or unreadable one) over
+    /// one opening of the table, for walks that read many: a path up to the root reads an
+    /// inode per level, and each `inode` call opens the table afresh.
+    pub fn with_inodes<R>(
+        &self,
+        f: impl FnOnce(&dyn Fn(u64) -> Option<Inode>) -> R,
+    ) -> Result<R, StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        Ok(f(&|ino| get_inode_in(&t, ino).ok().flatten()))
     }
 
     /// Up to `limit` entries of directory `parent`, in name order.
