@@ -7,6 +7,8 @@
 use redbfs::fs::{Caller, Fs, Limits, NameRules};
 use redbfs::store::{CHUNK_SIZE, Kind, ROOT_INO, Store, Sync, WriteTxn};
 
+mod common;
+
 const ME: Caller = Caller {
     uid: 1000,
     gid: 1000,
@@ -29,14 +31,7 @@ fn mkdir(fs: &Fs, parent: u64, name: &str) -> u64 {
 }
 
 fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
-    let (inode, fh) = fs
-        .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
-        .unwrap();
-    fs.write(ME, fh, 0, data).unwrap();
-    fs.flush(fh).unwrap();
-    fs.release(fh).unwrap();
-    fs.forget(inode.ino, 1);
-    inode.ino
+    common::core_fs::write_file(fs, ME, parent, name, 0o600, data, false)
 }
 
 fn sample() -> Sample {

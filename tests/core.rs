@@ -3,6 +3,8 @@
 use redbfs::fs::{Caller, Error, Fs, Limits, OpenMode, SetAttr, TimeSet};
 use redbfs::store::{Kind, ROOT_INO, Store, wal};
 
+mod common;
+
 const ME: Caller = Caller {
     uid: 1000,
     gid: 1000,
@@ -22,15 +24,7 @@ fn reopen(dir: &tempfile::TempDir, fs: Fs) -> Fs {
 }
 
 fn write_file(fs: &Fs, parent: u64, name: &str, data: &[u8]) -> u64 {
-    let (inode, fh) = fs
-        .create(ME, parent, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
-        .unwrap();
-    fs.write(ME, fh, 0, data).unwrap();
-    fs.flush(fh).unwrap();
-    fs.release(fh).unwrap();
-    // The kernel evicts the inode and returns the create's reference.
-    fs.forget(inode.ino, 1);
-    inode.ino
+    common::core_fs::write_file(fs, ME, parent, name, 0o600, data, false)
 }
 
 fn read_all(fs: &Fs, ino: u64) -> Vec<u8> {

@@ -10,6 +10,8 @@ use redb::ReadableTable;
 use redbfs::fs::{Caller, Fs, Limits, OpenMode};
 use redbfs::store::{ROOT_INO, Store};
 
+mod common;
+
 const ME: Caller = Caller {
     uid: 0,
     gid: 0,
@@ -37,14 +39,7 @@ fn version(v: usize) -> Vec<u8> {
 }
 
 fn create(fs: &Fs, name: &str, data: &[u8]) -> u64 {
-    let (inode, fh) = fs
-        .create(ME, ROOT_INO, name.as_bytes(), 0o644, 0, libc::O_WRONLY)
-        .unwrap();
-    fs.write(ME, fh, 0, data).unwrap();
-    fs.fsync(fh).unwrap();
-    fs.release(fh).unwrap();
-    fs.forget(inode.ino, 1);
-    inode.ino
+    common::core_fs::write_file(fs, ME, ROOT_INO, name, 0o644, data, true)
 }
 
 /// Open, write the whole content over the old (same length), fsync, close.

@@ -840,7 +840,7 @@ impl WriteTxn<'_> {
     /// base is about to be erased). A delta that does not rebuild stays as it is, for
     /// `check` to report.
     fn materialise(&mut self, blob: u64) -> Result<(), StoreError> {
-        let mut blobs = self.blobs()?;
+        let blobs = self.blobs()?;
         let base = match blobs.get(blob)? {
             Some(v) => match schema::decode_blob_value(v.value()) {
                 Some(BlobValue::Delta { base, .. }) => base,
@@ -852,12 +852,26 @@ impl WriteTxn<'_> {
             return Ok(());
         };
         let raw = schema::encode_blob(&content);
-        let deltas = blobs.deltas.as_mut().expect("opened for writing");
-        deltas.remove(blob).map_err(map_err)?;
-        redo_del(&self.redo, BLOB_DELTAS, &blob);
-        blobs.full.insert(blob, raw.as_slice()).map_err(map_err)?;
-        redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
         drop(blobs);
+        self.drop_delta(blob, base)?;
+        self.tx
+            .open_table(BLOBS)
+            .map_err(map_err)?
+            .insert(blob, raw.as_slice())
+            .map_err(map_err)?;
+        redo_put(&self.redo, BLOBS, &blob, &raw.as_slice());
+        Ok(())
+    }
+
+    /// Removes delta blob `blob` (a delta against `base`) and its row in the delta index,
+    /// giving back its base's reference; the caller stores the blob again, full or erased.
+    fn drop_delta(&mut self, blob: u64, base: u64) -> Result<(), StoreError> {
+        self.tx
+            .open_table(BLOB_DELTAS)
+            .map_err(map_err)?
+            .remove(blob)
+            .map_err(map_err)?;
+        redo_del(&self.redo, BLOB_DELTAS, &blob);
         self.tx
             .open_table(DELTAS)
             .map_err(map_err)?
@@ -894,22 +908,7 @@ impl WriteTxn<'_> {
             self.materialise(d)?;
         }
         if let Some(base) = base {
-            let mut blobs = self.blobs()?;
-            blobs
-                .deltas
-                .as_mut()
-                .expect("opened for writing")
-                .remove(blob)
-                .map_err(map_err)?;
-            redo_del(&self.redo, BLOB_DELTAS, &blob);
-            drop(blobs);
-            self.tx
-                .open_table(DELTAS)
-                .map_err(map_err)?
-                .remove((base, blob))
-                .map_err(map_err)?;
-            redo_del(&self.redo, DELTAS, &(base, blob));
-            self.blob_unref(base);
+            self.drop_delta(blob, base)?;
         }
         let mut blobs = self.tx.open_table(BLOBS).map_err(map_err)?;
         blobs.insert(blob, [].as_slice()).map_err(map_err)?;

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod core_fs;
 pub mod hosts;
 
 use std::collections::BTreeMap;
