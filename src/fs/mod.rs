@@ -299,14 +299,6 @@ pub const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 /// glibc keeps otherwise (three 64 MiB writes left the daemon at 170 MB resident).
 const RETURN_MEMORY_AFTER: usize = 4 << 20;
 
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free heap pages; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 impl Fs {
     /// Wraps an open store, reclaiming the orphans a crash left behind. Over a store opened
     /// read-only (a read-only mount) every change is refused with EROFS and nothing is

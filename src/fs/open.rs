@@ -204,7 +204,7 @@ impl Fs {
         self.unreserve(g);
         self.account(g)?;
         if large {
-            return_freed_memory();
+            store::return_freed_memory();
         }
         Ok(())
     }
