@@ -534,9 +534,18 @@ fn content(
         *want.entry(*base).or_default() += 1;
     }
     let mut damaged_images = std::collections::BTreeSet::new();
+    let next_ino = r.meta_u64("next_ino")?.unwrap_or(0);
     if parts_whole {
-        r.for_each_undo(|_, u| {
+        r.for_each_undo(|seq, u| {
             match u {
+                // Inodes a record created: handed out by then, never the root.
+                crate::store::Undo::Created { from, to }
+                    if *from <= ROOT_INO || from >= to || *to > next_ino =>
+                {
+                    findings.push(format!(
+                        "history record {seq} says it created inodes {from}..{to}, which the inode counter {next_ino} cannot have handed out"
+                    ));
+                }
                 crate::store::Undo::Filemap { old: Some(b), .. } => {
                     *want.entry(*b).or_default() += 1
                 }

@@ -568,6 +568,10 @@ impl ReadTxn {
     }
 }
 
+/// The fewest entries a `Undo::Created` entry replaces (`WriteTxn::compact_created`): an
+/// operation that creates a file or two keeps its entries as they are.
+const COMPACT_MIN: usize = 16;
+
 /// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
 const INDEX_CHECK_BATCH: usize = 1 << 18;
 
@@ -837,24 +841,33 @@ pub(crate) fn index_entries(
             created.insert(*ino);
         }
     }
+    // A `Created` entry names no key: what it stands for is keyed by inodes no point before
+    // the record reaches, like the inode and chunk keys of `created`.
+    let undo: Vec<&Undo> = r
+        .undo
+        .iter()
+        .filter(|u| !matches!(u, Undo::Created { .. }))
+        .collect();
     // Each key's first entry: a stable sort by key puts it first among its equals (a sort,
     // not a hash set of keys: an import's record holds an entry per file).
-    let keys: Vec<Vec<u8>> = r.undo.iter().map(Undo::key).collect();
+    let keys: Vec<Vec<u8>> = undo.iter().map(|u| u.key()).collect();
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
     let mut first = vec![false; keys.len()];
     for (n, &i) in order.iter().enumerate() {
         first[i] = n == 0 || keys[order[n - 1]] != keys[i];
     }
-    r.undo
-        .iter()
+    undo.into_iter()
         .zip(keys)
         .zip(first)
         .filter(|(_, first)| *first)
         .map(|((u, key), _)| {
+            // An entry of a directory the operation created is reached only through that
+            // directory, which no point before the record holds either.
             let required = match u {
                 Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } => !created.contains(ino),
-                Undo::Dirent { .. } | Undo::Orphan { .. } => true,
+                Undo::Dirent { parent, .. } => !created.contains(parent),
+                Undo::Orphan { .. } | Undo::Created { .. } => true,
             };
             (key, index_value(u), required)
         })
@@ -905,7 +918,7 @@ impl WriteTxn<'_> {
                 Undo::Dirent { parent, name, .. } => dirents.push((*parent, name.clone())),
                 Undo::Inode { ino, .. } => inodes.push(*ino),
                 Undo::Filemap { ino, .. } => inodes.push(*ino),
-                Undo::Orphan { .. } => {}
+                Undo::Orphan { .. } | Undo::Created { .. } => {}
             }
         }
         inodes.sort_unstable();
@@ -922,6 +935,7 @@ impl WriteTxn<'_> {
             && (!c.undo.is_empty() || noted)
         {
             self.step(c.undo.len() as u64);
+            let undo = self.compact_created(c.undo)?;
             let seq = self.next_counter(META_HISTORY_NEXT)?;
             let info = self.info.take().unwrap_or(OpInfo {
                 op: "change",
@@ -944,9 +958,9 @@ impl WriteTxn<'_> {
                     _ => String::new(),
                 },
                 redacted: false,
-                undo_len: c.undo.len() as u64,
+                undo_len: undo.len() as u64,
                 undo_parts: None,
-                undo: c.undo,
+                undo,
                 conflict: info.conflict,
             };
             self.put_record(&record)?;
@@ -996,9 +1010,125 @@ impl WriteTxn<'_> {
                     self.set_filemap(*ino, *idx, *old)?;
                 }
                 Undo::Orphan { ino, present } => self.set_orphan(*ino, *present)?,
+                Undo::Created { from, to } => self.remove_created(*from, *to)?,
             }
         }
         Ok(())
+    }
+
+    /// Undoes a `Undo::Created` entry: removes every inode numbered `from..to`, its content,
+    /// its orphan mark and, for a directory, its entries, highest number first (children
+    /// before parents: `compact_created` holds the operation to numbering parents first).
+    /// Each goes through the primitives, so usage, aggregates and blob references follow,
+    /// and a capturing transaction (a rollback with history on) records what it removed.
+    fn remove_created(&mut self, from: u64, to: u64) -> Result<(), StoreError> {
+        if from >= to {
+            return Err(corrupt("history created range", from));
+        }
+        let mut below = to;
+        loop {
+            // One batch of inodes at a time, read before it is removed.
+            let batch: Vec<u64> = {
+                let t = self.tx.open_table(INODES).map_err(map_err)?;
+                let mut v = Vec::new();
+                for item in t.range(from..below).map_err(map_err)?.rev().take(1024) {
+                    v.push(item.map_err(map_err)?.0.value());
+                }
+                v
+            };
+            let Some(&last) = batch.last() else {
+                break;
+            };
+            for ino in batch {
+                let names: Vec<String> = {
+                    let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+                    let mut v = Vec::new();
+                    for item in t.range((ino, "")..(ino + 1, "")).map_err(map_err)? {
+                        v.push(item.map_err(map_err)?.0.value().1.to_string());
+                    }
+                    v
+                };
+                for name in names {
+                    self.set_dirent(ino, &name, None)?;
+                }
+                self.delete_inode(ino)?;
+            }
+            below = last;
+        }
+        // Marks and entries of inodes that did not outlive the operation.
+        let orphans: Vec<u64> = {
+            let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
+            let mut v = Vec::new();
+            for item in t.range(from..to).map_err(map_err)? {
+                v.push(item.map_err(map_err)?.0.value());
+            }
+            v
+        };
+        for ino in orphans {
+            self.set_orphan(ino, false)?;
+        }
+        Ok(())
+    }
+
+    /// An operation's undo entries with those keyed by the inodes it handed out replaced by
+    /// one `Undo::Created` entry, when that is exact and worth it: at least `COMPACT_MIN`
+    /// entries go; every one of them held no value before (the inodes are new); no entry
+    /// anywhere names a directory entry that held a value (nothing was moved or replaced,
+    /// so nothing older can sit below a new directory); and every new inode's parent is
+    /// numbered below it (children removed first undo it); no older inode is made again (it
+    /// could be placed below a new directory). Otherwise `undo` as it is. A bulk
+    /// create (an import, a tar import) then records its new tree in 17 bytes, and the
+    /// entries naming it from outside (the new top-level entries, the changed parents).
+    pub(super) fn compact_created(&self, undo: Vec<Undo>) -> Result<Vec<Undo>, StoreError> {
+        let Some(from) = self.new_inos_from.get() else {
+            return Ok(undo);
+        };
+        let inside = |u: &Undo| match u {
+            Undo::Inode { ino, .. } | Undo::Filemap { ino, .. } | Undo::Orphan { ino, .. } => {
+                *ino >= from
+            }
+            Undo::Dirent { parent, .. } => *parent >= from,
+            Undo::Created { .. } => false,
+        };
+        let mut n = 0usize;
+        for u in &undo {
+            let fresh = match u {
+                Undo::Inode { old, .. } => old.is_none(),
+                Undo::Dirent { old, .. } => old.is_none(),
+                Undo::Filemap { old, .. } => old.is_none(),
+                Undo::Orphan { present, .. } => !present,
+                Undo::Created { .. } => return Ok(undo),
+            };
+            // An old inode made again (a revert's) could sit below a new directory.
+            let remade = fresh && matches!(u, Undo::Inode { .. }) && !inside(u);
+            if remade || (!fresh && (inside(u) || matches!(u, Undo::Dirent { .. }))) {
+                return Ok(undo);
+            }
+            n += usize::from(inside(u));
+        }
+        if n < COMPACT_MIN {
+            return Ok(undo);
+        }
+        let to = self
+            .meta_bytes(META_NEXT_INO)?
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| StoreError::Corrupt(format!("meta {META_NEXT_INO} missing")))?;
+        {
+            let t = self.tx.open_table(INODES).map_err(map_err)?;
+            for item in t.range(from..to).map_err(map_err)? {
+                let (k, v) = item.map_err(map_err)?;
+                let ino = k.value();
+                let i = Inode::decode(ino, v.value()).ok_or_else(|| corrupt("record", ino))?;
+                if i.parent >= ino {
+                    return Ok(undo);
+                }
+            }
+        }
+        self.step(to - from);
+        let mut out: Vec<Undo> = undo.into_iter().filter(|u| !inside(u)).collect();
+        out.push(Undo::Created { from, to });
+        Ok(out)
     }
 
     /// The seqs of history records above `after`, newest first (their headers only are read).
@@ -1285,7 +1415,7 @@ impl WriteTxn<'_> {
     /// Removes the key index entries of record `seq`'s undo entries `undo`.
     fn unindex_entries(&self, seq: u64, undo: &[Undo]) -> Result<(), StoreError> {
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        for u in undo {
+        for u in undo.iter().filter(|u| !matches!(u, Undo::Created { .. })) {
             let k = u.key();
             keys.remove((k.as_slice(), seq)).map_err(map_err)?;
             redo_del(&self.redo, HISTORY_KEYS, &(k.as_slice(), seq));
@@ -1449,11 +1579,12 @@ mod tests {
         assert_eq!(found.len(), 6, "{found:?}");
     }
 
-    /// An import indexes the directory entries it makes, not the inode and chunk keys of the
-    /// inodes it handed out: they have nothing to go back to. The past still reads right
+    /// An import indexes the directory entries it makes where there was a directory before
+    /// it, not the inode and chunk keys of the inodes it handed out nor the entries of the
+    /// directories it made: no point before it reaches them. The past still reads right
     /// before and after the import, and after a later edit of an imported file.
     #[test]
-    fn an_import_indexes_its_directory_entries_only() {
+    fn an_import_indexes_its_top_entries_only() {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("src");
         std::fs::create_dir_all(src.join("m")).unwrap();
@@ -1472,20 +1603,25 @@ mod tests {
 
         let r = fs.store().read().unwrap();
         let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
-        let mut dirents = 0;
+        let (mut dirents, mut top) = (0, 0);
         for item in keys.iter().unwrap() {
             let (k, _) = item.unwrap();
-            let key = k.value().0;
+            let (key, seq) = k.value();
             match key[0] {
                 1 | 3 => {
                     let ino = u64::from_be_bytes(key[1..9].try_into().unwrap());
                     assert_ne!(ino, f1, "a key of an inode only created is indexed");
                 }
-                2 if key[1..9] == m.to_be_bytes() => dirents += 1,
+                2 if key[1..9] == m.to_be_bytes() && seq == created => dirents += 1,
+                2 if key[1..9] == ROOT_INO.to_be_bytes() && seq == created => top += 1,
                 _ => {}
             }
         }
-        assert!(dirents >= 20, "each creation indexes its entry: {dirents}");
+        assert_eq!(
+            dirents, 0,
+            "an entry of a directory the import made is indexed"
+        );
+        assert_eq!(top, 1, "the import's entry in the root is indexed");
         assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
 
         let read = |seq: u64, name: &str| {
@@ -1496,8 +1632,9 @@ mod tests {
                 String::from_utf8(c.into_iter().flatten().flatten().collect()).unwrap()
             })
         };
-        assert_eq!(read(created - 1, "f0.md"), None);
-        assert_eq!(read(created - 1, "f1.md"), None);
+        // Before the import its directory is not there, so nothing below it is reached.
+        let past = r.past(created - 1).unwrap();
+        assert_eq!(past.lookup(ROOT_INO, "m").unwrap(), None);
         assert_eq!(read(created, "f0.md").as_deref(), Some("first 0"));
         assert_eq!(read(created, "f1.md").as_deref(), Some("first 1"));
         assert_eq!(read(created, "f0.md").as_deref(), Some("first 0"));
@@ -1626,7 +1763,9 @@ mod tests {
         let back = fs.store().read().unwrap().last_seq().unwrap();
         {
             let r = fs.store().read().unwrap();
-            for seq in [imported, rolled, back] {
+            // The import only created: its tree is one `Created` entry, in one part.
+            assert_eq!(parts_of(&r, imported), vec![0]);
+            for seq in [rolled, back] {
                 let n = parts_of(&r, seq).len();
                 assert!(n >= 3, "record {seq} has {n} parts");
                 assert_eq!(parts_of(&r, seq), (0..n as u32).collect::<Vec<_>>());
@@ -1774,5 +1913,225 @@ mod tests {
         assert_eq!(check(&fs), Vec::<String>::new());
         let r = fs.store().read().unwrap();
         assert_eq!(r.first_seq().unwrap(), Some(r.last_seq().unwrap()));
+    }
+
+    /// The tree below `/` as (path, kind, content) rows, for comparing whole stores.
+    fn tree_rows(r: &ReadTxn) -> Vec<(String, bool, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![(ROOT_INO, String::new())];
+        while let Some((dir, path)) = stack.pop() {
+            for e in r.list(dir).unwrap() {
+                let p = format!("{path}/{}", e.name);
+                let i = r.inode(e.ino).unwrap().unwrap();
+                let content = match e.kind {
+                    Kind::Dir => {
+                        stack.push((e.ino, p.clone()));
+                        Vec::new()
+                    }
+                    Kind::File => r
+                        .chunks(e.ino, 0, i.size.div_ceil(CHUNK_SIZE))
+                        .unwrap()
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .collect(),
+                };
+                out.push((
+                    format!("{p} {:o} {}", i.perm, i.nlink),
+                    e.kind == Kind::Dir,
+                    content,
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A source tree of `dirs` directories with `files` files each (one of them larger than
+    /// a chunk, so it has blobs), and a nested directory.
+    fn source_tree(root: &Path, dirs: usize, files: usize) {
+        for d in 0..dirs {
+            let dir = root.join(format!("d{d}"));
+            std::fs::create_dir_all(dir.join("deeper")).unwrap();
+            std::fs::write(dir.join("deeper/leaf.md"), format!("leaf {d}")).unwrap();
+            for f in 0..files {
+                std::fs::write(dir.join(format!("f{f}.md")), format!("file {d}/{f}")).unwrap();
+            }
+        }
+        std::fs::write(
+            root.join("d0/big.bin"),
+            vec![7u8; CHUNK_SIZE as usize * 2 + 5],
+        )
+        .unwrap();
+    }
+
+    /// An import that only creates records its new tree as one `Created` entry, plus the
+    /// entries naming it from outside: rolling back to before it brings back exactly the
+    /// tree before it (what was there already untouched, usage and aggregates as they
+    /// were), `check` finds nothing at each step, and rolling back the
+    /// rollback brings the import back whole.
+    #[test]
+    fn an_import_records_its_tree_compactly_and_rolls_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        source_tree(&src, 5, 10);
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let limits = Limits::default();
+        let fs = Fs::new(store, limits.clone()).unwrap();
+        // What was there before: a file at the top and one in a directory the import
+        // adds to.
+        let d0 = fs.mkdir(ME, ROOT_INO, b"d0", 0o755, 0).unwrap().ino;
+        write(&fs, d0, "old.md", "old");
+        write(&fs, ROOT_INO, "top.md", "top");
+        let check = |fs: &Fs| {
+            let r = fs.store().read().unwrap();
+            let mut f = crate::check::invariants(&r).unwrap();
+            f.extend(r.history_index_findings().unwrap());
+            f.extend(r.undo_part_findings().unwrap());
+            f
+        };
+        let before = fs.store().read().unwrap().last_seq().unwrap();
+        let rows_before = tree_rows(&fs.store().read().unwrap());
+        let usage_before = fs.store().read().unwrap().usage().unwrap();
+        crate::tools::import(fs.store(), &limits, &src, "/", true, &mut |_| {}).unwrap();
+        let imported = fs.store().read().unwrap().last_seq().unwrap();
+        let rows_after = tree_rows(&fs.store().read().unwrap());
+        assert_eq!(check(&fs), Vec::<String>::new());
+        {
+            let r = fs.store().read().unwrap();
+            let rec = r.history(imported..=imported).unwrap().remove(0);
+            let mut undo = Vec::new();
+            r.for_each_undo(|seq, u| {
+                if seq == imported {
+                    undo.push(u.clone());
+                }
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(rec.undo_len, undo.len() as u64);
+            assert_eq!(
+                undo.iter()
+                    .filter(|u| matches!(u, Undo::Created { .. }))
+                    .count(),
+                1,
+                "{undo:?}"
+            );
+            // 4 new top entries (d1..d4) and d0's entries made in an old directory (10
+            // files, deeper, big.bin), the two directories' records, and the range.
+            assert!(undo.len() < 24, "{} entries: {undo:?}", undo.len());
+        }
+        fs.rollback(ME, before).unwrap();
+        assert_eq!(tree_rows(&fs.store().read().unwrap()), rows_before);
+        assert_eq!(fs.store().read().unwrap().usage().unwrap(), usage_before);
+        assert_eq!(check(&fs), Vec::<String>::new());
+        fs.rollback(ME, imported).unwrap();
+        assert_eq!(tree_rows(&fs.store().read().unwrap()), rows_after);
+        assert_eq!(check(&fs), Vec::<String>::new());
+        // And the import's own record still undoes right after more history on top.
+        write(&fs, ROOT_INO, "later.md", "later");
+        fs.rollback(ME, before).unwrap();
+        assert_eq!(tree_rows(&fs.store().read().unwrap()), rows_before);
+        assert_eq!(check(&fs), Vec::<String>::new());
+    }
+
+    /// The past at a path a compactly recorded import created: absent before it, its
+    /// content right after it, and a later edit seen from then on; `revert` of a created
+    /// directory to before the import removes it, and of a file to the import's point
+    /// brings its imported content back.
+    #[test]
+    fn the_past_of_a_path_a_compact_import_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        source_tree(&src, 3, 20);
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let limits = Limits::default();
+        let fs = Fs::new(store, limits.clone()).unwrap();
+        write(&fs, ROOT_INO, "top.md", "top");
+        let before = fs.store().read().unwrap().last_seq().unwrap();
+        crate::tools::import(fs.store(), &limits, &src, "/", true, &mut |_| {}).unwrap();
+        let imported = fs.store().read().unwrap().last_seq().unwrap();
+        let d1 = fs.lookup(ROOT_INO, b"d1").unwrap().ino;
+        let deeper = fs.lookup(d1, b"deeper").unwrap().ino;
+        write(&fs, d1, "f3.md", "edited");
+        let edited = fs.store().read().unwrap().last_seq().unwrap();
+        let r = fs.store().read().unwrap();
+        let read = |seq: u64, parent: u64, name: &str| {
+            let past = r.past(seq).unwrap();
+            past.lookup(parent, name).unwrap().map(|(ino, _)| {
+                let size = past.inode(ino).unwrap().unwrap().size;
+                let c = past.chunks(ino, 0, size.div_ceil(CHUNK_SIZE)).unwrap();
+                String::from_utf8(c.into_iter().flatten().flatten().collect()).unwrap()
+            })
+        };
+        assert_eq!(
+            r.past(before).unwrap().lookup(ROOT_INO, "d1").unwrap(),
+            None
+        );
+        assert_eq!(read(imported, d1, "f3.md").as_deref(), Some("file 1/3"));
+        assert_eq!(read(imported, deeper, "leaf.md").as_deref(), Some("leaf 1"));
+        assert_eq!(read(edited, d1, "f3.md").as_deref(), Some("edited"));
+        let names: Vec<String> = r
+            .past(imported)
+            .unwrap()
+            .list(d1)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names.len(), 21, "{names:?}");
+        drop(r);
+        fs.revert(ME, "/d1/f3.md", imported).unwrap();
+        let f3 = fs.lookup(d1, b"f3.md").unwrap().ino;
+        let r = fs.store().read().unwrap();
+        let c = r.chunks(f3, 0, 1).unwrap();
+        assert_eq!(c, vec![Some(b"file 1/3".to_vec())]);
+        drop(r);
+        fs.revert(ME, "/d2", before).unwrap();
+        assert!(fs.lookup(ROOT_INO, b"d2").is_err());
+        let r = fs.store().read().unwrap();
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+    }
+
+    /// `check` reports a `Created` entry naming inodes the counter has not handed out (the
+    /// only thing such an entry says that the store can contradict).
+    #[test]
+    fn check_reports_a_created_range_beyond_the_inode_counter() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        write(&fs, ROOT_INO, "f.md", "x");
+        let seq = fs.store().read().unwrap().last_seq().unwrap();
+        {
+            let r = fs.store().read().unwrap();
+            let mut rec = r.history(seq..=seq).unwrap().remove(0);
+            r.for_each_undo(|s, u| {
+                if s == seq {
+                    rec.undo.push(u.clone());
+                }
+                Ok(())
+            })
+            .unwrap();
+            drop(r);
+            rec.undo.push(Undo::Created {
+                from: 5,
+                to: 1 << 40,
+            });
+            let mut w = fs.store().write().unwrap();
+            w.without_history();
+            w.put_record(&rec).unwrap();
+            w.commit(Sync::Durable).unwrap();
+        }
+        let r = fs.store().read().unwrap();
+        let findings = crate::check::invariants(&r).unwrap();
+        assert!(
+            findings
+                .iter()
+                .any(|f| f.contains("created inodes 5..1099511627776")),
+            "{findings:?}"
+        );
     }
 }

@@ -52,8 +52,10 @@
 //! history_undo (u64 seq, u32 part) -> &[u8]  a version-2 record's undo entries, in order, in
 //!                                       parts 0..n (n in its header) of at most
 //!                                       UNDO_PART_BYTES each, so no value grows with the
-//!                                       operation: an import's record is many parts, each
-//!                                       read, copied, logged and shipped on its own
+//!                                       operation: a large record is many parts, each
+//!                                       read, copied, logged and shipped on its own (an
+//!                                       import that only creates is one `Created` entry
+//!                                       for its new tree, see `Undo::Created`)
 //! marks    &str name       -> u64       a labelled point: the last history seq when it was made
 //! redacted u64 blob id     -> ()        blobs whose content `redact` erased
 //! blob_deltas u64 blob id  -> &[u8]     a blob kept as a delta (format 6, "Delta blobs")
@@ -79,9 +81,11 @@
 //!                                       now if none did: `show`, `diff` and `revert` of one
 //!                                       path read the past without replaying history.
 //!                                       The inode and chunk keys of an inode the operation
-//!                                       handed out are left out (`history::index_entries`):
+//!                                       handed out, and the entries of a directory it
+//!                                       handed out, are left out (`history::index_entries`):
 //!                                       no point before it reaches that inode, since inode
-//!                                       numbers are never handed out twice
+//!                                       numbers are never handed out twice. A `Created`
+//!                                       entry (tag 5) is never indexed
 //! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
 //! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
 //!                                       points given as a time
@@ -632,6 +636,15 @@ pub enum Undo {
         ino: u64,
         present: bool,
     },
+    /// Every inode numbered `from..to` was handed out by the operation, and everything keyed
+    /// by one of them (its inode record, its chunks, its orphan mark, the entries of a
+    /// directory among them) was created by it: undone by removing all of that, children
+    /// before parents. Stands for those keys' entries, which the record leaves out (see
+    /// `history::compact_created`); the entries naming them from outside stay.
+    Created {
+        from: u64,
+        to: u64,
+    },
 }
 
 /// One committed operation: what it was, who did it, and how to undo it.
@@ -647,6 +660,8 @@ pub enum Undo {
 ///   2 dirent:  u64 parent, str name, u8 has, [u64 ino, u8 kind]
 ///   3 filemap: u64 ino, u64 idx, u8 has, [u64 blob]
 ///   4 orphan:  u64 ino, u8 present
+///   5 created: u64 from, u64 to (written by format 6 builds that compact a bulk create;
+///              older ones cannot read a record holding one)
 /// ```
 ///
 /// The trailing conflict note (a replace that overwrote or was refused for overwriting
@@ -733,6 +748,11 @@ impl Undo {
                 e.u64(*ino);
                 e.u8(u8::from(*present));
             }
+            Undo::Created { from, to } => {
+                e.u8(5);
+                e.u64(*from);
+                e.u64(*to);
+            }
         }
     }
 
@@ -768,6 +788,10 @@ impl Undo {
                 ino: d.u64()?,
                 present: d.u8()? != 0,
             },
+            5 => Undo::Created {
+                from: d.u64()?,
+                to: d.u64()?,
+            },
             _ => return None,
         })
     }
@@ -799,6 +823,9 @@ impl Undo {
             4 => {
                 d.take(9)?;
             }
+            5 => {
+                d.take(16)?;
+            }
             _ => return None,
         }
         Some(())
@@ -825,6 +852,8 @@ impl Undo {
             Undo::Dirent { parent, name, .. } => undo_key(2, &[*parent], name),
             Undo::Filemap { ino, idx, .. } => undo_key(3, &[*ino, *idx], ""),
             Undo::Orphan { ino, .. } => undo_key(4, &[*ino], ""),
+            // Never indexed: it names no key of its own (see `history::index_entries`).
+            Undo::Created { from, to } => undo_key(5, &[*from, *to], ""),
         }
     }
 }
