@@ -2036,7 +2036,8 @@ mod tests {
     }
 
     /// The past at a path a compactly recorded import created: absent before it, its
-    /// content right after it, and a later edit seen from then on; `revert` of a created
+    /// content right after it, and a later edit seen from then on; `log` of the path lists
+    /// the import; `revert` of a created
     /// directory to before the import removes it, and of a file to the import's point
     /// brings its imported content back.
     #[test]
@@ -2081,6 +2082,14 @@ mod tests {
             .map(|e| e.name)
             .collect();
         assert_eq!(names.len(), 21, "{names:?}");
+        // `log PATH` of a path it made finds the import, by the directory it went below.
+        let log: Vec<(u64, String)> = r
+            .history_of(Some("/d1/deeper/leaf.md"), None, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|h| (h.seq, h.op))
+            .collect();
+        assert!(log.contains(&(imported, "import".to_string())), "{log:?}");
         drop(r);
         fs.revert(ME, "/d1/f3.md", imported).unwrap();
         let f3 = fs.lookup(d1, b"f3.md").unwrap().ino;

@@ -54,7 +54,7 @@ pub fn import(
     let mut report = ImportReport::default();
     let at = (target.depth, target.bytes);
     let staged = stage_tree(limits, root, src, at, &mut report, progress)?;
-    commit(store, limits, &staged, target.ino, strict, &mut report)?;
+    commit(store, limits, &staged, &target, strict, &mut report)?;
     Ok(report)
 }
 

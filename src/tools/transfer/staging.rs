@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::super::common::{Result, err, lookup_path};
 use crate::fs::{Limits, Name};
-use crate::store::{Inode, Kind, Store, Sync, WriteTxn, now_ns};
+use crate::store::{Inode, Kind, OpInfo, Store, Sync, WriteTxn, now_ns};
 
 /// What `import` did.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -89,6 +89,8 @@ impl Staging {
 /// store (what the limits count from).
 pub(super) struct Target {
     pub ino: u64,
+    /// Its path in the store, as its history record names it.
+    pub path: String,
     pub depth: usize,
     pub bytes: usize,
 }
@@ -106,6 +108,7 @@ pub(super) fn target(store: &Store, into: &str) -> Result<Target> {
     };
     Ok(Target {
         ino: target.ino,
+        path: canon.clone(),
         depth,
         bytes,
     })
@@ -143,7 +146,7 @@ pub(super) fn commit(
     store: &Store,
     limits: &Limits,
     staged: &(Vec<Staged>, Staging),
-    target: u64,
+    target: &Target,
     strict: bool,
     report: &mut ImportReport,
 ) -> Result<()> {
@@ -158,7 +161,18 @@ pub(super) fn commit(
         return Err(strict_error(report));
     }
     let mut w = store.write().map_err(err)?;
-    commit_staged(&mut w, limits, staged, target, report)?;
+    // Its history record names the directory it went below, so `log PATH` of any path it
+    // made finds it (as a record naming a directory above the path).
+    w.describe(OpInfo {
+        op: "import",
+        paths: vec![target.path.clone()],
+        ino: target.ino,
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+        pid: std::process::id(),
+        ..OpInfo::default()
+    });
+    commit_staged(&mut w, limits, staged, target.ino, report)?;
     if strict && !report.skipped.is_empty() {
         return Err(strict_error(report));
     }

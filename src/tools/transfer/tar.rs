@@ -155,7 +155,7 @@ pub fn import_tar(
         progress(stage.staged.len() as u64);
     }
     let staged = (stage.staged, stage.staging);
-    commit(store, limits, &staged, target.ino, strict, &mut report)?;
+    commit(store, limits, &staged, &target, strict, &mut report)?;
     Ok(report)
 }
 
