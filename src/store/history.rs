@@ -1016,9 +1016,10 @@ impl WriteTxn<'_> {
         Ok(())
     }
 
-    /// Undoes a `Undo::Created` entry: removes every inode numbered `from..to`, its content,
-    /// its orphan mark and, for a directory, its entries, highest number first (children
-    /// before parents: `compact_created` holds the operation to numbering parents first).
+    /// Undoes a `Undo::Created` entry: removes every inode numbered `from..to` with its
+    /// content and, for a directory, its entries, highest number first (children before
+    /// parents: `compact_created` holds the operation to numbering parents first), then the
+    /// range's orphan marks.
     /// Each goes through the primitives, so usage, aggregates and blob references follow,
     /// and a capturing transaction (a rollback with history on) records what it removed.
     fn remove_created(&mut self, from: u64, to: u64) -> Result<(), StoreError> {
@@ -1027,35 +1028,52 @@ impl WriteTxn<'_> {
         }
         let mut below = to;
         loop {
-            // One batch of inodes at a time, read before it is removed.
-            let batch: Vec<u64> = {
-                let t = self.tx.open_table(INODES).map_err(map_err)?;
+            // A batch of inodes, highest first, with a directory's entry names and a file's
+            // chunk indexes, read over one opening of each table before any is removed.
+            type Doomed = (u64, Vec<String>, Vec<u64>);
+            let batch: Vec<Doomed> = {
+                let inodes = self.tx.open_table(INODES).map_err(map_err)?;
+                let dirents = self.tx.open_table(DIRENTS).map_err(map_err)?;
+                let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
                 let mut v = Vec::new();
-                for item in t.range(from..below).map_err(map_err)?.rev().take(1024) {
-                    v.push(item.map_err(map_err)?.0.value());
+                for item in inodes.range(from..below).map_err(map_err)?.rev().take(1024) {
+                    let (k, rec) = item.map_err(map_err)?;
+                    let ino = k.value();
+                    let kind = Inode::decode(ino, rec.value())
+                        .ok_or_else(|| corrupt("record", ino))?
+                        .kind;
+                    let (mut names, mut idxs) = (Vec::new(), Vec::new());
+                    match kind {
+                        Kind::Dir => {
+                            for e in dirents.range((ino, "")..(ino + 1, "")).map_err(map_err)? {
+                                names.push(e.map_err(map_err)?.0.value().1.to_string());
+                            }
+                        }
+                        Kind::File => {
+                            for c in map.range((ino, 0)..=(ino, u64::MAX)).map_err(map_err)? {
+                                idxs.push(c.map_err(map_err)?.0.value().1);
+                            }
+                        }
+                    }
+                    v.push((ino, names, idxs));
                 }
                 v
             };
-            let Some(&last) = batch.last() else {
+            let Some(&(last, _, _)) = batch.last() else {
                 break;
             };
-            for ino in batch {
-                let names: Vec<String> = {
-                    let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
-                    let mut v = Vec::new();
-                    for item in t.range((ino, "")..(ino + 1, "")).map_err(map_err)? {
-                        v.push(item.map_err(map_err)?.0.value().1.to_string());
-                    }
-                    v
-                };
+            for (ino, names, idxs) in batch {
                 for name in names {
                     self.set_dirent(ino, &name, None)?;
                 }
-                self.delete_inode(ino)?;
+                self.set_inode_record(ino, None)?;
+                for idx in idxs {
+                    self.set_filemap(ino, idx, None)?;
+                }
             }
             below = last;
         }
-        // Marks and entries of inodes that did not outlive the operation.
+        // Orphan marks of the range (an inode made and unlinked while open by the operation).
         let orphans: Vec<u64> = {
             let t = self.tx.open_table(ORPHANS).map_err(map_err)?;
             let mut v = Vec::new();
