@@ -275,6 +275,7 @@ impl ReadTxn {
             ..IndexCheck::default()
         };
         self.for_each_record(|r| {
+            check.findings.extend(fold_findings(&r));
             for (key, value, required) in index_entries(&r, |_| true) {
                 let value = std::hash::BuildHasher::hash_one(&check.hasher, value.as_slice());
                 check.keys.push((key, r.seq, value, required));
@@ -568,6 +569,20 @@ impl ReadTxn {
     }
 }
 
+/// How long before a rename the records of its source's create and writes may be folded
+/// into its record (see `WriteTxn::foldable`): the SDK's edit takes milliseconds.
+const FOLD_WINDOW_NS: i64 = 10_000_000_000;
+/// At most this many records are folded into one: a create and its writes.
+const FOLD_MAX_RECORDS: usize = 16;
+
+/// Records a rename's record folds in: their seqs, newest first, and their operations,
+/// oldest first.
+#[derive(Default)]
+struct Fold {
+    seqs: Vec<u64>,
+    ops: Vec<String>,
+}
+
 /// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
 const INDEX_CHECK_BATCH: usize = 1 << 18;
 
@@ -649,6 +664,40 @@ impl IndexCheck {
             },
         )
     }
+}
+
+/// What is wrong with record `r` as a rename that folds in its source's create and writes
+/// (nothing for any other record): it is a rename, its first entry for the source says the
+/// source did not exist, and no key has two entries (each keeps its first before-image).
+fn fold_findings(r: &HistoryRecord) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.folded.is_empty() {
+        return out;
+    }
+    let seq = r.seq;
+    if r.op != "rename" || r.folded.first().map(String::as_str) != Some("create") {
+        out.push(format!(
+            "history record {seq} folds {:?} into a {:?}: only a rename folds its source's create",
+            r.folded, r.op
+        ));
+    }
+    let made = r.undo.iter().find_map(|u| match u {
+        Undo::Inode { ino, old } if *ino == r.ino => Some(old.is_none()),
+        _ => None,
+    });
+    if made != Some(true) {
+        out.push(format!(
+            "history record {seq} folds the creation of inode {} but does not undo it",
+            r.ino
+        ));
+    }
+    let mut keys = std::collections::HashSet::new();
+    if r.undo.iter().any(|u| !keys.insert(u.key())) {
+        out.push(format!(
+            "history record {seq} folds records but holds two entries for one key"
+        ));
+    }
+    out
 }
 
 /// Merges `wanted` (sorted as `index` orders its keys) with `index`: `visit` gets each
@@ -927,6 +976,14 @@ impl WriteTxn<'_> {
                 op: "change",
                 ..OpInfo::default()
             });
+            let mut undo = c.undo;
+            let mut folded = Vec::new();
+            let mut source = None;
+            if let Some(fold) = self.foldable(&info, now)? {
+                undo = self.fold(fold.seqs.iter().rev().copied(), undo)?;
+                folded = fold.ops;
+                source = Some(info.ino);
+            }
             let record = HistoryRecord {
                 seq,
                 time: now,
@@ -944,13 +1001,15 @@ impl WriteTxn<'_> {
                     _ => String::new(),
                 },
                 redacted: false,
-                undo_len: c.undo.len() as u64,
+                undo_len: undo.len() as u64,
                 undo_parts: None,
-                undo: c.undo,
+                undo,
                 conflict: info.conflict,
+                folded,
             };
             self.put_record(&record)?;
-            self.index_record(&record)?;
+            let from = self.new_inos_from.get().unwrap_or(u64::MAX);
+            self.index_record_with(&record, |ino| ino >= from || Some(ino) == source)?;
             let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
             if keep > 0 {
                 // A bounded batch per commit keeps every commit cheap; the rest follow.
@@ -958,6 +1017,130 @@ impl WriteTxn<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The newest records to fold into the record of this rename (`info`), newest first:
+    /// the source's "write" records and, before them, its "create", when all of them are
+    /// the store's newest records, made by the renaming process (any of its threads) within
+    /// `FOLD_WINDOW_NS` of
+    /// `now`, naming only the source's old path, with no lost update noted, nothing
+    /// redacted and no blob kept, and no mark names a point among them. The SDK's edit:
+    /// a temporary file created, written, fsynced and renamed over the memory.
+    fn foldable(&self, info: &OpInfo, now: i64) -> Result<Option<Fold>, StoreError> {
+        if info.op != "rename" || info.conflict.is_some() || info.paths.len() != 2 {
+            return Ok(None);
+        }
+        let from = &info.paths[0];
+        let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let mut fold = Fold::default();
+        let mut created = false;
+        // The same process: a FUSE request names the calling thread, and a process's create,
+        // write and rename may come from different threads of it (Node's thread pool).
+        let group = std::cell::OnceCell::new();
+        let same_process = |pid: u32| {
+            pid == info.pid || {
+                let mine = group.get_or_init(|| crate::process::thread_group(info.pid));
+                mine.is_some() && *mine == crate::process::thread_group(pid)
+            }
+        };
+        let newest = hist.iter().map_err(map_err)?.rev().take(FOLD_MAX_RECORDS);
+        for item in newest {
+            let (k, v) = item.map_err(map_err)?;
+            let Some(r) = HistoryRecord::decode(k.value(), v.value()) else {
+                return Ok(None);
+            };
+            let fits = r.ino == info.ino
+                && r.paths.len() == 1
+                && &r.paths[0] == from
+                && r.conflict.is_none()
+                && !r.redacted
+                && r.folded.is_empty()
+                && r.time <= now
+                && now - r.time <= FOLD_WINDOW_NS
+                && matches!(r.op.as_str(), "create" | "write")
+                && same_process(r.pid);
+            if !fits {
+                return Ok(None);
+            }
+            fold.seqs.push(r.seq);
+            fold.ops.push(r.op.clone());
+            if r.op == "create" {
+                created = true;
+                break;
+            }
+        }
+        drop(hist);
+        let Some(&oldest) = fold.seqs.last() else {
+            return Ok(None);
+        };
+        if !created {
+            return Ok(None);
+        }
+        fold.ops.reverse();
+        // A mark names the point after a record: one among the folded ones would vanish.
+        let marks = self.tx.open_table(MARKS).map_err(map_err)?;
+        for item in marks.iter().map_err(map_err)? {
+            if item.map_err(map_err)?.1.value() >= oldest {
+                return Ok(None);
+            }
+        }
+        drop(marks);
+        // The create made the source: its first entry says it did not exist. No entry
+        // keeps a blob (a fresh file's chunks had none before).
+        let mut made = false;
+        let mut blob = false;
+        for &seq in &fold.seqs {
+            for u in self.record_undo(seq)? {
+                match u {
+                    Undo::Inode { ino, old: None } if ino == info.ino && seq == oldest => {
+                        made = true
+                    }
+                    Undo::Filemap { old: Some(_), .. } => blob = true,
+                    _ => {}
+                }
+            }
+        }
+        Ok((made && !blob).then_some(fold))
+    }
+
+    /// Drops records `seqs` (oldest first) and returns their undo entries followed by
+    /// `undo`, each key's first (oldest) before-image only: undoing them restores the store
+    /// to the point before the oldest. A directory entry absent before and after is left
+    /// out (its undo changes nothing).
+    fn fold(
+        &mut self,
+        seqs: impl Iterator<Item = u64>,
+        undo: Vec<Undo>,
+    ) -> Result<Vec<Undo>, StoreError> {
+        let mut all = Vec::new();
+        for seq in seqs {
+            all.extend(self.record_undo(seq)?);
+            self.drop_record(seq)?;
+        }
+        all.extend(undo);
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(all.len());
+        for u in all {
+            if !seen.insert(u.key()) {
+                // A later before-image of a key already restored: not needed. One that kept
+                // a blob gives its reference back.
+                if let Undo::Filemap { old: Some(b), .. } = u {
+                    self.blob_unref(b);
+                }
+                continue;
+            }
+            if let Undo::Dirent {
+                parent,
+                name,
+                old: None,
+            } = &u
+                && self.lookup(*parent, name)?.is_none()
+            {
+                continue;
+            }
+            out.push(u);
+        }
+        Ok(out)
     }
 
     /// Restores the before-images of `undo`, newest change first. With history on, this is
@@ -1020,6 +1203,17 @@ impl WriteTxn<'_> {
         HistoryRecord::decode(seq, v.value())
             .map(Some)
             .ok_or_else(|| corrupt("history record", seq))
+    }
+
+    /// Every undo entry of record `seq`, in order (a record folded into another is small).
+    fn record_undo(&self, seq: u64) -> Result<Vec<Undo>, StoreError> {
+        let mut r = self
+            .record_header(seq)?
+            .ok_or_else(|| corrupt("history record", seq))?;
+        for p in 0..r.undo_parts.unwrap_or(0) {
+            r.undo.extend(self.undo_part(seq, p)?);
+        }
+        Ok(r.undo)
     }
 
     /// Part `part` of record `seq`'s undo entries.
@@ -1219,9 +1413,14 @@ impl WriteTxn<'_> {
         Ok(erased.len())
     }
 
-    /// Writes record `r` whole (its undo entries in `r.undo`): its header in `history`, its
-    /// entries in `history_undo` parts, each encoded and put as it fills.
+    /// Writes record `r` whole (its undo entries in `r.undo`): in one value of `history` when
+    /// it takes at most `RECORD_INLINE_BYTES` (version 3, inline), else its header in
+    /// `history` and its entries in `history_undo` parts, each encoded and put as it fills.
     pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        let inline = r.encode_inline();
+        if inline.len() <= RECORD_INLINE_BYTES {
+            return self.put_history_value(r.seq, &inline);
+        }
         let n = undo_parts::<StoreError>(&r.undo, |p, bytes| self.put_part(r.seq, p, bytes))?;
         let bytes = r.encode_header_v2(r.undo.len() as u64, n);
         self.put_history_value(r.seq, &bytes)
@@ -1255,13 +1454,19 @@ impl WriteTxn<'_> {
 
     /// Adds `r` to history's indexes (by key, path and time; see `schema`).
     pub(super) fn index_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
+        let from = self.new_inos_from.get().unwrap_or(u64::MAX);
+        self.index_record_with(r, |ino| ino >= from)
+    }
+
+    /// `index_record`, where `fresh` says which inodes the record's operation handed out.
+    fn index_record_with(
+        &self,
+        r: &HistoryRecord,
+        fresh: impl Fn(u64) -> bool,
+    ) -> Result<(), StoreError> {
         self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        let from = self.new_inos_from.get().unwrap_or(u64::MAX);
-        for (k, v, _) in index_entries(r, |ino| ino >= from)
-            .into_iter()
-            .filter(|e| e.2)
-        {
+        for (k, v, _) in index_entries(r, fresh).into_iter().filter(|e| e.2) {
             keys.insert((k.as_slice(), r.seq), v.as_slice())
                 .map_err(map_err)?;
             redo_put(

@@ -46,8 +46,10 @@
 //!                                       alone. The blob is deleted when its count reaches 0
 //! history  u64 seq         -> &[u8]     one `HistoryRecord` per committed operation, appended in
 //!                                       the operation's own transaction (when history is on):
-//!                                       its header, version 2 (format 6); a format-5 store's
-//!                                       version-1 records hold their undo list too and are
+//!                                       version 3, whole when its entries take at most
+//!                                       RECORD_INLINE_BYTES, else its header; version-2
+//!                                       headers (format 6 before) and a format-5 store's
+//!                                       version-1 records, which hold their undo list, are
 //!                                       read as they are
 //! history_undo (u64 seq, u32 part) -> &[u8]  a version-2 record's undo entries, in order, in
 //!                                       parts 0..n (n in its header) of at most
@@ -659,6 +661,23 @@ pub enum Undo {
 /// split; one larger than the bound, which the inline limit rules out, would fill a part
 /// alone). A record without entries has no parts.
 ///
+/// Version 3 (format 6, still; `var` is a LEB128 varint, `vstr` a varint length and UTF-8
+/// bytes):
+///
+/// ```text
+/// u8 version (3) | i64 time | vstr op | var n, n x vstr paths | var ino | var size_before |
+/// var size_after | var uid | var gid | var pid | vstr comm |
+/// u8 flags (1 redacted, 2 folded, 4 conflict, 8 inline) | var n undo entries |
+/// [var parts, unless inline] | [var m, m x vstr folded ops, if folded] |
+/// [vstr conflict, if conflict] | [n x undo as above, if inline]
+/// ```
+///
+/// An inline record holds its entries itself (no `history_undo` row): every record whose
+/// entries take at most `RECORD_INLINE_BYTES`. A folded record is a rename that also undoes
+/// the create and writes of its source the same process made just before (`folded` names
+/// them, oldest first; see `history::WriteTxn::foldable`): it keeps each key's first
+/// before-image only, and its source's first entry says the source did not exist.
+///
 /// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HistoryRecord {
@@ -686,12 +705,28 @@ pub struct HistoryRecord {
     /// parts 0..n; None for a version-1 record, whose entries are in its own value.
     #[serde(skip)]
     pub undo_parts: Option<u32>,
+    /// The operations of the earlier records folded into this one (a rename of a file the
+    /// same process had just created and written: "create", then "write"...); empty for
+    /// any other record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub folded: Vec<String>,
 }
 
 /// The version of a record whose undo list is in its own value (format 5).
 const HISTORY_RECORD_WHOLE: u8 = 1;
 /// The version of a record whose undo entries are in `history_undo` parts (format 6).
 const HISTORY_RECORD_SPLIT: u8 = 2;
+/// Version 2 written compactly (varints), with the operations folded into it.
+const HISTORY_RECORD_COMPACT: u8 = 3;
+/// Header flags: the content of some before-image was redacted; operations were folded in.
+const RECORD_REDACTED: u8 = 1;
+const RECORD_FOLDED: u8 = 2;
+const RECORD_CONFLICT: u8 = 4;
+const RECORD_INLINE: u8 = 8;
+/// A record whose encoded entries take at most this many bytes keeps them in its own value
+/// (version 3, inline): no `history_undo` row for an ordinary edit's few entries, whose
+/// before-image of a memory holds at most `INLINE_MAX` bytes of content.
+pub const RECORD_INLINE_BYTES: usize = 4096 - 256;
 
 /// The most bytes of undo entries one `history_undo` value holds: below 64 KiB with room
 /// for a leaf's header (see `CHUNK_SIZE`), so a part fills one page at most.
@@ -864,6 +899,14 @@ impl Enc {
         self.u16(end as u16);
         self.0.extend_from_slice(&s.as_bytes()[..end]);
     }
+    fn var(&mut self, v: u64) {
+        put_varint(&mut self.0, v);
+    }
+    /// A string as a varint length and its bytes.
+    fn vstr(&mut self, s: &str) {
+        self.var(s.len() as u64);
+        self.0.extend_from_slice(s.as_bytes());
+    }
 }
 
 struct Dec<'a>(&'a [u8]);
@@ -895,6 +938,16 @@ impl Dec<'_> {
         let n = self.u16()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).ok()
     }
+    fn var(&mut self) -> Option<u64> {
+        let mut at = 0;
+        let v = take_varint(self.0, &mut at)?;
+        self.0 = &self.0[at..];
+        Some(v)
+    }
+    fn vstr(&mut self) -> Option<String> {
+        let n = usize::try_from(self.var()?).ok()?;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
 }
 
 impl HistoryRecord {
@@ -923,8 +976,70 @@ impl HistoryRecord {
         }
     }
 
-    /// The version-2 header of this record, whose `undo_len` entries make `parts` parts.
+    /// The header of this record, whose `undo_len` entries make `parts` parts: version 3
+    /// (version 2's fields, compactly, and the operations folded into it).
     pub fn encode_header_v2(&self, undo_len: u64, parts: u32) -> Vec<u8> {
+        self.encode_compact(undo_len, Some(parts), &[])
+    }
+
+    /// This record whole, its entries (`self.undo`) in its own value: version 3, for a
+    /// record whose entries take at most `RECORD_INLINE_BYTES`.
+    pub fn encode_inline(&self) -> Vec<u8> {
+        self.encode_compact(self.undo.len() as u64, None, &self.undo)
+    }
+
+    /// Version 3: its entries in `parts` parts, or when None, `entries` after the header.
+    fn encode_compact(&self, undo_len: u64, parts: Option<u32>, entries: &[Undo]) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(64));
+        e.u8(HISTORY_RECORD_COMPACT);
+        e.u64(self.time as u64);
+        e.vstr(&self.op);
+        e.var(self.paths.len() as u64);
+        for p in &self.paths {
+            e.vstr(p);
+        }
+        for v in [self.ino, self.size_before, self.size_after] {
+            e.var(v);
+        }
+        for v in [self.uid, self.gid, self.pid] {
+            e.var(u64::from(v));
+        }
+        e.vstr(&self.comm);
+        let mut flags = 0;
+        if self.redacted {
+            flags |= RECORD_REDACTED;
+        }
+        if !self.folded.is_empty() {
+            flags |= RECORD_FOLDED;
+        }
+        if self.conflict.is_some() {
+            flags |= RECORD_CONFLICT;
+        }
+        if parts.is_none() {
+            flags |= RECORD_INLINE;
+        }
+        e.u8(flags);
+        e.var(undo_len);
+        if let Some(n) = parts {
+            e.var(u64::from(n));
+        }
+        if !self.folded.is_empty() {
+            e.var(self.folded.len() as u64);
+            for op in &self.folded {
+                e.vstr(op);
+            }
+        }
+        if let Some(c) = &self.conflict {
+            e.vstr(c);
+        }
+        for u in entries {
+            u.encode_into(&mut e);
+        }
+        e.0
+    }
+
+    /// The version-2 header (format 6 before version 3): what earlier builds wrote.
+    pub fn encode_header_split(&self, undo_len: u64, parts: u32) -> Vec<u8> {
         let mut e = Enc(Vec::with_capacity(128));
         self.encode_header(&mut e, HISTORY_RECORD_SPLIT);
         e.u32(undo_len as u32);
@@ -948,7 +1063,10 @@ impl HistoryRecord {
     /// The commit time of an encoded record, without decoding the rest.
     pub fn time_of(b: &[u8]) -> Option<i64> {
         let mut d = Dec(b);
-        if !matches!(d.u8()?, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
+        if !matches!(
+            d.u8()?,
+            HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT | HISTORY_RECORD_COMPACT
+        ) {
             return None;
         }
         Some(d.u64()? as i64)
@@ -970,6 +1088,9 @@ impl HistoryRecord {
     fn decode_with(seq: u64, b: &[u8], undo: bool) -> Option<HistoryRecord> {
         let mut d = Dec(b);
         let version = d.u8()?;
+        if version == HISTORY_RECORD_COMPACT {
+            return Self::decode_compact(seq, d, undo);
+        }
         if !matches!(version, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
             return None;
         }
@@ -994,6 +1115,7 @@ impl HistoryRecord {
             conflict: None,
             undo_len: 0,
             undo_parts: None,
+            folded: Vec::new(),
         };
         let n = d.u32()?;
         r.undo_len = u64::from(n);
@@ -1012,6 +1134,75 @@ impl HistoryRecord {
             r.conflict = Some(d.str()?);
         }
         Some(r)
+    }
+}
+
+impl HistoryRecord {
+    /// A version-3 record, after its version byte: its entries decoded when `undo` and
+    /// they are inline, else stepped over.
+    fn decode_compact(seq: u64, mut d: Dec<'_>, undo: bool) -> Option<HistoryRecord> {
+        let time = d.u64()? as i64;
+        let op = d.vstr()?;
+        let n = d.var()?;
+        let mut paths = Vec::new();
+        for _ in 0..n {
+            paths.push(d.vstr()?);
+        }
+        let ino = d.var()?;
+        let size_before = d.var()?;
+        let size_after = d.var()?;
+        let mut id = || u32::try_from(d.var()?).ok();
+        let (uid, gid, pid) = (id()?, id()?, id()?);
+        let comm = d.vstr()?;
+        let flags = d.u8()?;
+        if flags & !(RECORD_REDACTED | RECORD_FOLDED | RECORD_CONFLICT | RECORD_INLINE) != 0 {
+            return None;
+        }
+        let undo_len = d.var()?;
+        let undo_parts = match flags & RECORD_INLINE {
+            0 => Some(u32::try_from(d.var()?).ok()?),
+            _ => None,
+        };
+        let mut folded = Vec::new();
+        if flags & RECORD_FOLDED != 0 {
+            let n = d.var()?;
+            for _ in 0..n {
+                folded.push(d.vstr()?);
+            }
+        }
+        let conflict = match flags & RECORD_CONFLICT {
+            0 => None,
+            _ => Some(d.vstr()?),
+        };
+        let mut entries = Vec::new();
+        if undo_parts.is_none() {
+            for _ in 0..undo_len {
+                if undo {
+                    entries.push(Undo::decode_from(&mut d)?);
+                } else {
+                    Undo::skip(&mut d)?;
+                }
+            }
+        }
+        d.0.is_empty().then_some(HistoryRecord {
+            seq,
+            time,
+            op,
+            paths,
+            ino,
+            size_before,
+            size_after,
+            uid,
+            gid,
+            pid,
+            comm,
+            redacted: flags & RECORD_REDACTED != 0,
+            undo: entries,
+            conflict,
+            undo_len,
+            undo_parts,
+            folded,
+        })
     }
 }
 
@@ -1074,6 +1265,7 @@ mod tests {
             comm: "node".into(),
             redacted: false,
             conflict: Some("pid 1 replaced content pid 2 wrote".into()),
+            folded: Vec::new(),
             undo_len: 0,
             undo_parts: None,
             undo: vec![
@@ -1141,12 +1333,62 @@ mod tests {
             ..summary
         };
         assert_eq!(HistoryRecord::decode(9, &header), Some(split.clone()));
-        assert_eq!(HistoryRecord::decode_summary(9, &header), Some(split));
+        assert_eq!(
+            HistoryRecord::decode_summary(9, &header),
+            Some(split.clone())
+        );
         assert_eq!(HistoryRecord::time_of(&header), Some(r.time));
         assert_eq!(decode_undo_part(&parts[0]), Some(r.undo.clone()));
         assert_eq!(decode_undo_part(&parts[0][..parts[0].len() - 1]), None);
+        // What version 2 wrote still reads.
+        let old = r.encode_header_split(r.undo.len() as u64, n);
+        assert_eq!(HistoryRecord::decode(9, &old), Some(split.clone()));
+        // Version 3 inline: the entries in the value, stepped over for a summary; with and
+        // without a conflict note and folded operations.
+        for (conflict, folded) in [
+            (r.conflict.clone(), vec![]),
+            (None, vec!["create".into(), "write".into()]),
+        ] {
+            let r = HistoryRecord {
+                conflict,
+                folded,
+                ..r.clone()
+            };
+            let inline = r.encode_inline();
+            assert!(
+                inline.len() < old.len() + parts[0].len(),
+                "{}",
+                inline.len()
+            );
+            let whole = HistoryRecord {
+                undo_len: r.undo.len() as u64,
+                ..r.clone()
+            };
+            assert_eq!(HistoryRecord::decode(9, &inline), Some(whole.clone()));
+            let summary = HistoryRecord {
+                undo: Vec::new(),
+                ..whole
+            };
+            assert_eq!(HistoryRecord::decode_summary(9, &inline), Some(summary));
+            assert_eq!(HistoryRecord::time_of(&inline), Some(r.time));
+            for cut in 1..inline.len() {
+                assert_eq!(
+                    HistoryRecord::decode(9, &inline[..cut]),
+                    None,
+                    "cut at {cut}"
+                );
+            }
+            let header = r.encode_header_v2(r.undo.len() as u64, 3);
+            let split = HistoryRecord {
+                undo_len: r.undo.len() as u64,
+                undo_parts: Some(3),
+                undo: Vec::new(),
+                ..r.clone()
+            };
+            assert_eq!(HistoryRecord::decode(9, &header), Some(split));
+        }
         let mut bad = r.encode_whole();
-        bad[0] = 3;
+        bad[0] = 4;
         assert_eq!(HistoryRecord::decode(9, &bad), None);
         assert_eq!(HistoryRecord::decode(9, &r.encode_whole()[..20]), None);
     }

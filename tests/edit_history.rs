@@ -1,0 +1,275 @@
+//! The SDK's edit of a memory (a temporary file created, written, fsynced, then renamed over
+//! the memory) made three history records: the temporary file's create, its write and the
+//! rename, each with a header, undo entries and index entries, and the rename's record kept
+//! the temporary file's content once more as its before-image. A 100-byte memory cost about
+//! 2.3 KB of store per edit, a 1,500-byte one 5.8 KB. The rename's record now folds in the
+//! create and write of its source when the same process made them just before: one record
+//! per edit, each key's first before-image once. These tests hold every version to its
+//! exact bytes through `show --at`, revert and rollback, the bytes per edit to a bound, the
+//! cases that must not fold, and `check` to what a folded record must be.
+
+use redbfs::fs::{Caller, Fs, Limits};
+use redbfs::store::schema::{HistoryRecord, Undo};
+use redbfs::store::{ROOT_INO, Store, Sync};
+
+mod common;
+
+const ME: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 1,
+};
+const OTHER: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 2,
+};
+const THIRTY_DAYS: u64 = 30 * 86_400 * 1_000_000_000;
+
+fn open(path: &std::path::Path) -> Fs {
+    let store = Store::open_or_create(path, (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    Fs::new(store, Limits::default()).unwrap()
+}
+
+/// A memory of `size` bytes of text whose version `v` differs from the others in 8 bytes.
+fn version(size: usize, v: usize) -> Vec<u8> {
+    let mut out: Vec<u8> = (0..size)
+        .map(|i| b"- the user prefers short answers\n"[i % 33])
+        .collect();
+    let at = size / 2 - 4;
+    out[at..at + 8].copy_from_slice(format!("{v:08}").as_bytes());
+    out
+}
+
+fn write(fs: &Fs, who: Caller, name: &str, data: &[u8]) -> u64 {
+    common::core_fs::write_file(fs, who, ROOT_INO, name, 0o644, data, true)
+}
+
+/// What the SDK's memory tool does: a temporary file, fsynced, renamed over the memory.
+fn sdk_edit(fs: &Fs, name: &str, data: &[u8], i: usize) {
+    let tmp = format!(".tmp-4242-{i}");
+    write(fs, ME, &tmp, data);
+    fs.rename(ME, ROOT_INO, tmp.as_bytes(), ROOT_INO, name.as_bytes(), 0)
+        .unwrap();
+}
+
+fn read(fs: &Fs, name: &str) -> Vec<u8> {
+    let r = fs.store().read().unwrap();
+    let (ino, _) = r.lookup(ROOT_INO, name).unwrap().unwrap();
+    let size = r.inode(ino).unwrap().unwrap().size;
+    let chunks = r
+        .chunks(ino, 0, size.div_ceil(redbfs::store::CHUNK_SIZE))
+        .unwrap();
+    chunks.into_iter().flatten().flatten().collect()
+}
+
+fn show(fs: &Fs, path: &str, seq: u64) -> Vec<u8> {
+    redbfs::tools::show_at(&fs.store().read().unwrap(), path, seq).unwrap()
+}
+
+/// Every record, newest first, with its undo entries.
+fn records(fs: &Fs) -> Vec<HistoryRecord> {
+    let r = fs.store().read().unwrap();
+    r.history_of(None, None, usize::MAX).unwrap()
+}
+
+fn last_seq(fs: &Fs) -> u64 {
+    fs.store().read().unwrap().last_seq().unwrap()
+}
+
+fn assert_checks(fs: &Fs) {
+    let r = fs.store().read().unwrap();
+    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+}
+
+fn one_record_per_edit(size: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "mem.md", &version(size, 0));
+    let mut versions = vec![(last_seq(&fs), version(size, 0))];
+    for v in 1..=20 {
+        let before = records(&fs).len();
+        sdk_edit(&fs, "mem.md", &version(size, v), v);
+        let all = records(&fs);
+        assert_eq!(all.len(), before + 1, "one record for edit {v}");
+        let r = &all[0];
+        assert_eq!(r.op, "rename");
+        assert_eq!(r.folded, ["create", "write"]);
+        assert_eq!(r.paths, [format!("/.tmp-4242-{v}"), "/mem.md".to_string()]);
+        // The temporary file's keys are not undone one by one: it did not exist before.
+        let tmp_entries = r
+            .undo
+            .iter()
+            .filter(|u| matches!(u, Undo::Inode { ino, .. } if *ino == r.ino))
+            .count();
+        assert_eq!(tmp_entries, 1, "{:?}", r.undo);
+        versions.push((last_seq(&fs), version(size, v)));
+    }
+    assert_checks(&fs);
+    for (seq, want) in &versions {
+        assert!(show(&fs, "/mem.md", *seq) == *want, "@{seq} reads back");
+    }
+    // The point before an edit has no temporary file.
+    let r = fs.store().read().unwrap();
+    let past = r.past(versions[5].0).unwrap();
+    use redbfs::store::TreeView;
+    assert_eq!(past.lookup(ROOT_INO, ".tmp-4242-6").unwrap(), None);
+    assert!(past.lookup(ROOT_INO, ".tmp-4242-5").unwrap().is_none());
+    drop(r);
+
+    let (seq, want) = &versions[3];
+    fs.revert(ME, "/mem.md", *seq).unwrap();
+    assert!(
+        read(&fs, "mem.md") == *want,
+        "revert restores the exact bytes"
+    );
+    let (seq, want) = &versions[10];
+    let latest = last_seq(&fs);
+    fs.rollback(ME, *seq).unwrap();
+    assert!(
+        read(&fs, "mem.md") == *want,
+        "rollback restores the exact bytes"
+    );
+    assert_eq!(
+        fs.store()
+            .read()
+            .unwrap()
+            .list(ROOT_INO)
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>(),
+        ["mem.md"]
+    );
+    fs.rollback(ME, latest).unwrap();
+    assert!(read(&fs, "mem.md") == versions[3].1, "and forward again");
+    assert_checks(&fs);
+}
+
+#[test]
+fn an_sdk_edit_of_a_small_memory_is_one_record_read_back_exactly() {
+    one_record_per_edit(100);
+}
+
+#[test]
+fn an_sdk_edit_of_a_memory_near_the_inline_limit_is_one_record_read_back_exactly() {
+    one_record_per_edit(1500);
+}
+
+#[test]
+fn an_sdk_edit_of_a_large_memory_is_one_record_read_back_exactly() {
+    one_record_per_edit(20_000);
+}
+
+/// Store bytes per SDK edit, compacted: the difference between 220 and 20 edits.
+fn bytes_per_edit(size: usize) -> u64 {
+    let file = |edits: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        {
+            let fs = open(&path);
+            write(&fs, ME, "mem.md", &version(size, 0));
+            for v in 1..=edits {
+                sdk_edit(&fs, "mem.md", &version(size, v), v);
+            }
+        }
+        let mut s = Store::open_existing(&path).unwrap();
+        s.compact().unwrap();
+        drop(s);
+        std::fs::metadata(&path).unwrap().len()
+    };
+    (file(220) - file(20)) / 200
+}
+
+/// Before: 2,273 / 5,816 / 2,376 bytes per edit of a 100 / 1,500 / 20,000-byte memory.
+#[test]
+fn bytes_per_sdk_edit_are_bounded() {
+    for (size, bound) in [(100, 1_100), (1500, 2_700), (20_000, 1_250)] {
+        let got = bytes_per_edit(size);
+        assert!(got <= bound, "{got} bytes per edit of {size} bytes");
+    }
+}
+
+/// A record of another process between the write and the rename, a mark among the records,
+/// or a rename by another process: the records stay as they are, and each point reads as
+/// it did.
+#[test]
+fn what_must_not_fold_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "mem.md", b"first");
+
+    write(&fs, ME, ".tmp-a", b"second");
+    write(&fs, OTHER, "other.md", b"other");
+    let between = last_seq(&fs);
+    fs.rename(ME, ROOT_INO, b".tmp-a", ROOT_INO, b"mem.md", 0)
+        .unwrap();
+    assert!(records(&fs)[0].folded.is_empty());
+    assert_eq!(show(&fs, "/.tmp-a", between), b"second");
+
+    write(&fs, ME, ".tmp-b", b"third");
+    let marked = fs.mark("before-rename").unwrap();
+    fs.rename(ME, ROOT_INO, b".tmp-b", ROOT_INO, b"mem.md", 0)
+        .unwrap();
+    assert!(records(&fs)[0].folded.is_empty());
+    assert_eq!(show(&fs, "/.tmp-b", marked), b"third");
+
+    write(&fs, ME, ".tmp-c", b"fourth");
+    let written = last_seq(&fs);
+    fs.rename(OTHER, ROOT_INO, b".tmp-c", ROOT_INO, b"mem.md", 0)
+        .unwrap();
+    assert!(records(&fs)[0].folded.is_empty());
+    assert_eq!(show(&fs, "/.tmp-c", written), b"fourth");
+
+    // A rename of a file made earlier by this process, not just now: no create to fold.
+    fs.rename(ME, ROOT_INO, b"other.md", ROOT_INO, b"moved.md", 0)
+        .unwrap();
+    assert!(records(&fs)[0].folded.is_empty());
+    assert_eq!(read(&fs, "mem.md"), b"fourth");
+    assert_checks(&fs);
+}
+
+/// `check` holds a folded record to what folding makes: a rename whose source's creation
+/// it undoes, each key once.
+#[test]
+fn check_finds_a_folded_record_that_folding_cannot_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "mem.md", b"first");
+    sdk_edit(&fs, "mem.md", b"second", 1);
+    assert_checks(&fs);
+    let good = records(&fs).remove(0);
+    let damage = |r: &HistoryRecord| {
+        let mut w = fs.store().write().unwrap();
+        w.without_history();
+        w.put_record(r).unwrap();
+        w.commit(Sync::Durable).unwrap();
+        let r = fs.store().read().unwrap();
+        redbfs::check::invariants(&r).unwrap()
+    };
+    let mut twice = good.clone();
+    twice.undo.push(twice.undo[0].clone());
+    let found = damage(&twice);
+    assert!(
+        found.iter().any(|f| f.contains("two entries for one key")),
+        "{found:?}"
+    );
+    let mut kept = good.clone();
+    kept.undo
+        .retain(|u| !matches!(u, Undo::Inode { ino, old: None } if *ino == good.ino));
+    let found = damage(&kept);
+    assert!(
+        found.iter().any(|f| f.contains("does not undo it")),
+        "{found:?}"
+    );
+    let mut op = good.clone();
+    op.op = "write".into();
+    let found = damage(&op);
+    assert!(
+        found.iter().any(|f| f.contains("only a rename folds")),
+        "{found:?}"
+    );
+    damage(&good);
+    assert_checks(&fs);
+}
