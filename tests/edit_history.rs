@@ -273,3 +273,165 @@ fn check_finds_a_folded_record_that_folding_cannot_make() {
     damage(&good);
     assert_checks(&fs);
 }
+
+/// Every record whose undo holds an image of `ino` without its content (kept as the
+/// inode's after the record).
+fn kept_images(fs: &Fs, ino: u64) -> usize {
+    records(fs)
+        .iter()
+        .flat_map(|r| &r.undo)
+        .filter(|u| {
+            matches!(u, Undo::Inode { ino: i, old: Some(b) }
+                if *i == ino && redbfs::store::content_kept(b))
+        })
+        .count()
+}
+
+/// A rename and a change of mode leave a small memory's content as it was: their records
+/// keep the inode's other fields and the content's checksum, not the content again. Each
+/// point still reads its exact bytes, rollback before them restores them exactly, and
+/// redacting the version they kept erases it in every point that held it.
+#[test]
+fn a_rename_or_a_chmod_keeps_no_second_copy_of_a_small_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    let first = version(1500, 1);
+    let ino = write(&fs, ME, "a.md", &first);
+    // A mark keeps the create and write apart from the rename (nothing is folded).
+    let written = fs.mark("written").unwrap();
+    fs.rename(ME, ROOT_INO, b"a.md", ROOT_INO, b"b.md", 0)
+        .unwrap();
+    let renamed = last_seq(&fs);
+    let attr = redbfs::fs::SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    fs.setattr(ME, ino, attr).unwrap();
+    let chmodded = last_seq(&fs);
+    let second = version(1500, 2);
+    let fh = fs
+        .open(
+            ME,
+            ino,
+            redbfs::fs::OpenMode {
+                write: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    fs.write(ME, fh, 0, &second).unwrap();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(kept_images(&fs, ino), 2, "the rename's and the chmod's");
+    assert_checks(&fs);
+    assert_eq!(show(&fs, "/a.md", written), first);
+    assert_eq!(show(&fs, "/b.md", renamed), first);
+    assert_eq!(show(&fs, "/b.md", chmodded), first);
+    assert_eq!(read(&fs, "b.md"), second);
+    {
+        let r = fs.store().read().unwrap();
+        let past = r.past(renamed).unwrap();
+        use redbfs::store::TreeView;
+        assert_eq!(past.inode(ino).unwrap().unwrap().perm & 0o777, 0o644);
+    }
+
+    fs.rollback(ME, written).unwrap();
+    assert_eq!(
+        read(&fs, "a.md"),
+        first,
+        "rollback restores the exact bytes"
+    );
+    let r = fs.store().read().unwrap();
+    assert_eq!(r.inode(ino).unwrap().unwrap().perm & 0o777, 0o644);
+    drop(r);
+    fs.rollback(ME, chmodded).unwrap();
+    assert_eq!(read(&fs, "b.md"), first);
+    assert_checks(&fs);
+
+    // Redacting the version seen at the chmod erases it at every point that kept it.
+    let latest = last_seq(&fs);
+    fs.rollback(ME, latest - 1).unwrap();
+    fs.redact("/b.md", Some(chmodded)).unwrap();
+    for seq in [renamed, chmodded] {
+        let r = fs.store().read().unwrap();
+        let err = redbfs::tools::show_at(&r, "/b.md", seq).unwrap_err();
+        assert!(err.contains("redacted"), "@{seq}: {err}");
+    }
+    assert_checks(&fs);
+}
+
+/// Through FUSE the kernel still holds the memory an SDK edit renames over, so the rename
+/// leaves it an orphan and its content goes at its last forget, in a reclaim record of its
+/// own. The rename's record keeps the orphan's fields only; the reclaim's keeps its content.
+#[test]
+fn a_memory_the_kernel_holds_when_replaced_keeps_its_content_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    let size = 1500;
+    write(&fs, ME, "mem.md", &version(size, 0));
+    let mut versions = vec![(last_seq(&fs), version(size, 0))];
+    let mut held = Vec::new();
+    for v in 1..=5 {
+        let ino = fs.lookup(ROOT_INO, b"mem.md").unwrap().ino;
+        held.push(ino);
+        sdk_edit(&fs, "mem.md", &version(size, v), v);
+        assert_eq!(records(&fs)[0].folded, ["create", "write"]);
+        assert_eq!(kept_images(&fs, ino), 1, "the rename's image of the orphan");
+        versions.push((last_seq(&fs), version(size, v)));
+    }
+    for ino in held {
+        fs.forget(ino, 2);
+    }
+    fs.reclaim_queued();
+    assert_eq!(records(&fs)[0].op, "reclaim");
+    for (seq, want) in &versions {
+        assert!(show(&fs, "/mem.md", *seq) == *want, "@{seq} reads back");
+    }
+    assert_checks(&fs);
+    fs.rollback(ME, versions[2].0).unwrap();
+    assert!(read(&fs, "mem.md") == versions[2].1);
+    assert_checks(&fs);
+}
+
+/// `check` reads back every before-image kept without its content: one whose checksum the
+/// version after its record does not match is found.
+#[test]
+fn check_finds_a_kept_content_that_does_not_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    let ino = write(&fs, ME, "a.md", &version(100, 1));
+    fs.mark("written").unwrap();
+    fs.rename(ME, ROOT_INO, b"a.md", ROOT_INO, b"b.md", 0)
+        .unwrap();
+    sdk_edit(&fs, "b.md", &version(100, 2), 1);
+    assert_checks(&fs);
+    let mut rename = records(&fs)
+        .into_iter()
+        .find(|r| r.paths == ["/a.md", "/b.md"])
+        .unwrap();
+    for u in &mut rename.undo {
+        if let Undo::Inode {
+            ino: i,
+            old: Some(b),
+        } = u
+            && *i == ino
+        {
+            assert!(redbfs::store::content_kept(b));
+            let n = b.len();
+            b[n - 1] ^= 0xff;
+        }
+    }
+    let mut w = fs.store().write().unwrap();
+    w.without_history();
+    w.put_record(&rename).unwrap();
+    w.commit(Sync::Durable).unwrap();
+    let r = fs.store().read().unwrap();
+    let found = redbfs::check::invariants(&r).unwrap();
+    let seq = rename.seq;
+    assert!(
+        found.contains(&format!(
+            "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+        )),
+        "{found:?}"
+    );
+}

@@ -253,6 +253,31 @@ impl ReadTxn {
         Ok(findings)
     }
 
+    /// Before-images kept without their content (`schema::keep_form`) whose content the
+    /// inode's record after their record does not give back (for check): a later version
+    /// with another checksum, or none.
+    pub fn kept_content_findings(&self) -> Result<Vec<String>, StoreError> {
+        let mut kept = Vec::new();
+        self.for_each_undo(|seq, u| {
+            if let Undo::Inode { ino, old: Some(b) } = u
+                && content_kept(b)
+            {
+                kept.push((seq, *ino, b.clone()));
+            }
+            Ok(())
+        })?;
+        let mut findings = Vec::new();
+        for (seq, ino, image) in kept {
+            let past = self.past(seq)?;
+            if past.kept_content(ino, Some(seq), image).is_err() {
+                findings.push(format!(
+                    "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+                ));
+            }
+        }
+        Ok(findings)
+    }
+
     /// Where history's indexes disagree with the records (for check): each record's keys,
     /// paths and time indexed, with its before-images, and nothing else indexed.
     ///
@@ -984,6 +1009,7 @@ impl WriteTxn<'_> {
                 folded = fold.ops;
                 source = Some(info.ino);
             }
+            self.keep_content(&mut undo)?;
             let record = HistoryRecord {
                 seq,
                 time: now,
@@ -1143,6 +1169,23 @@ impl WriteTxn<'_> {
         Ok(out)
     }
 
+    /// Before-images of inodes whose inline content this transaction left as it was (a
+    /// rename, a change of mode or times, an unlink that leaves an orphan) drop that content:
+    /// the inode's record after the transaction holds it (`schema::keep_form`).
+    fn keep_content(&self, undo: &mut [Undo]) -> Result<(), StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        for u in undo.iter_mut() {
+            if let Undo::Inode { ino, old: Some(b) } = u
+                && inline_part(b).is_some()
+                && let Some(after) = t.get(*ino).map_err(map_err)?
+                && let Some(kept) = keep_form(b, after.value())
+            {
+                *b = kept;
+            }
+        }
+        Ok(())
+    }
+
     /// Restores the before-images of `undo`, newest change first. With history on, this is
     /// itself captured, so undoing can be undone.
     pub fn apply_undo(&mut self, undo: &[Undo]) -> Result<(), StoreError> {
@@ -1155,7 +1198,26 @@ impl WriteTxn<'_> {
                     {
                         return Err(corrupt("history record", *ino));
                     }
-                    let old = old.as_deref().map(super::write::InodeRecord::Encoded);
+                    // A content kept as the record after: the inode's now, undoing newest
+                    // first.
+                    let whole = match old {
+                        Some(b) if content_kept(b) => {
+                            let now = self
+                                .tx
+                                .open_table(INODES)
+                                .map_err(map_err)?
+                                .get(*ino)
+                                .map_err(map_err)?
+                                .map(|v| v.value().to_vec());
+                            let whole = now.and_then(|n| with_kept_content(b, &n));
+                            Some(whole.ok_or_else(|| corrupt("history record", *ino))?)
+                        }
+                        _ => None,
+                    };
+                    let old = whole
+                        .as_deref()
+                        .or(old.as_deref())
+                        .map(super::write::InodeRecord::Encoded);
                     self.set_inode_record(*ino, old)?;
                 }
                 Undo::Dirent { parent, name, old } => {

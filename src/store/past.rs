@@ -140,6 +140,9 @@ impl Past<'_> {
         let Some((seq, image)) = self.inode_image(ino)? else {
             return Ok(None);
         };
+        if content_kept(&image) {
+            return self.kept_content(ino, seq, image).map(Some);
+        }
         let Some(seq) = seq.filter(|_| content_in_record(&image)) else {
             return Ok(Some(image));
         };
@@ -150,6 +153,41 @@ impl Past<'_> {
                 _ => None,
             })?
             .ok_or_else(|| corrupt("history record", seq))
+    }
+}
+
+impl Past<'_> {
+    /// Before-image `image` of `ino`, kept by record `seq` without its content, whole: the
+    /// content is the inode's at the point after that record, followed through later
+    /// records that kept it the same way (a loop, not a recursion: renames may be many).
+    pub(super) fn kept_content(
+        &self,
+        ino: u64,
+        seq: Option<u64>,
+        image: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut at = seq.ok_or_else(|| corrupt("history record", ino))?;
+        loop {
+            let later = Past {
+                now: self.now,
+                seq: at,
+            };
+            let (next, record) = later
+                .inode_image(ino)?
+                .ok_or_else(|| corrupt("history record", ino))?;
+            if content_kept(&record) {
+                at = next.ok_or_else(|| corrupt("history record", ino))?;
+                continue;
+            }
+            let record = match next.filter(|_| content_in_record(&record)) {
+                Some(_) => later
+                    .inode_record(ino)?
+                    .ok_or_else(|| corrupt("history record", ino))?,
+                None => record,
+            };
+            return with_kept_content(&image, &record)
+                .ok_or_else(|| corrupt("history record", ino));
+        }
     }
 }
 

@@ -188,7 +188,9 @@
 //! ```text
 //! u8       flags: 1 = redacted (the content was erased: it reads as empty); 2 = the
 //!          content is in the history record this index entry indexes (`history_keys`
-//!          values only, see `index_form`)
+//!          values only, see `index_form`); 4 = the content is the one the inode held
+//!          after the record (history before-images only, see `keep_form`): the
+//!          checksum follows, no content
 //! u32      CRC-32C of the content (little-endian)
 //! ...      the content, to the end of the record, at most INLINE_MAX bytes
 //! ```
@@ -542,6 +544,9 @@ pub enum InlineChunk<'a> {
 const INLINE_REDACTED: u8 = 1;
 /// In history's key index only: the content is in the history record this entry indexes.
 const INLINE_IN_RECORD: u8 = 2;
+/// In a history before-image only: the content is the one the inode held after the record
+/// (its operation changed other fields), whose checksum follows; see `keep_form`.
+const INLINE_KEPT: u8 = 4;
 const INLINE_HEADER_LEN: usize = 5;
 
 /// The inline chunk of an encoded inode record; None for a record without one (or bytes that
@@ -552,7 +557,9 @@ pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
     let (sum, data) = rest.split_at_checked(4)?;
     Some(if flags & INLINE_REDACTED != 0 {
         InlineChunk::Redacted
-    } else if flags & INLINE_IN_RECORD == 0 && crc32c::crc32c(data).to_le_bytes() == sum {
+    } else if flags & (INLINE_IN_RECORD | INLINE_KEPT) == 0
+        && crc32c::crc32c(data).to_le_bytes() == sum
+    {
         InlineChunk::Content(data)
     } else {
         InlineChunk::Damaged
@@ -579,9 +586,48 @@ pub fn content_in_record(image: &[u8]) -> bool {
     inline_part(image).is_some_and(|p| p[0] & INLINE_IN_RECORD != 0)
 }
 
-/// Whether an encoded inode record holds an inline chunk that does not match its checksum.
+/// Whether an encoded inode record holds an inline chunk that does not match its checksum
+/// (a before-image whose content is kept elsewhere holds none).
 pub fn inline_is_damaged(record: &[u8]) -> bool {
     inline_chunk(record) == Some(InlineChunk::Damaged)
+        && inline_part(record).is_some_and(|p| p[0] & (INLINE_IN_RECORD | INLINE_KEPT) == 0)
+}
+
+/// The form a history record keeps of before-image `image` when the inode's record after the
+/// operation, `after`, holds the same inline chunk: `image` without the content, flagged
+/// with its checksum (`INLINE_KEPT`), since the content is the one the inode held after the
+/// record. None when the chunks differ or hold no content (the image is kept whole).
+pub fn keep_form(image: &[u8], after: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(image)?;
+    let part = &image[at..];
+    if part[0] != 0 || part.len() == INLINE_HEADER_LEN || inline_part(after) != Some(part) {
+        return None;
+    }
+    let mut out = image[..at + INLINE_HEADER_LEN].to_vec();
+    out[at] = INLINE_KEPT;
+    Some(out)
+}
+
+/// Whether before-image `image` is `keep_form`'s: its content is the inode's after the
+/// record.
+pub fn content_kept(image: &[u8]) -> bool {
+    inline_part(image).is_some_and(|p| p[0] & INLINE_KEPT != 0)
+}
+
+/// `keep_form`'s image whole again, from `later`: the inode's record at the point after the
+/// image's record (or any later one with the same content). Its inline chunk must match
+/// the kept checksum, or be redacted (erasing a version erases the ones kept as it). None
+/// when it does not.
+pub fn with_kept_content(image: &[u8], later: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(image)?;
+    let sum = &image[at + 1..at + INLINE_HEADER_LEN];
+    let part = inline_part(later)?;
+    let fits = match inline_chunk(later)? {
+        InlineChunk::Content(data) => crc32c::crc32c(data).to_le_bytes() == sum,
+        InlineChunk::Redacted => true,
+        InlineChunk::Damaged => false,
+    };
+    fits.then(|| [&image[..at], part].concat())
 }
 
 /// The encoded inline chunk of a record (flags, checksum, content), to carry it into a
