@@ -301,9 +301,11 @@ impl ReadTxn {
         };
         self.for_each_record(|r| {
             check.findings.extend(fold_findings(&r));
+            // A record held in one value may be indexed by reference (an empty value).
+            let by_reference = r.undo_parts.is_none();
             for (key, value, required) in index_entries(&r, |_| true) {
                 let value = std::hash::BuildHasher::hash_one(&check.hasher, value.as_slice());
-                check.keys.push((key, r.seq, value, required));
+                check.keys.push((key, r.seq, value, required, by_reference));
             }
             let mut rp: Vec<&str> = r.paths.iter().map(String::as_str).collect();
             rp.sort_unstable();
@@ -617,7 +619,9 @@ const INDEX_CHECK_BATCH: usize = 1 << 18;
 struct IndexCheck {
     hasher: std::collections::hash_map::RandomState,
     /// (key, seq, hash of the before-image, whether the index must hold it)
-    keys: Vec<(Vec<u8>, u64, u64, bool)>,
+    /// (key, seq, hash of the before-image, whether the index must hold it, whether it may
+    /// hold it by reference)
+    keys: Vec<(Vec<u8>, u64, u64, bool, bool)>,
     paths: Vec<(String, u64)>,
     times: Vec<(i64, u64)>,
     /// Wanted entries found in the index (a key's, whatever its before-image).
@@ -646,8 +650,12 @@ impl IndexCheck {
             keys,
             std::mem::take(&mut self.keys),
             |w| (w.0.as_slice(), w.1),
-            |(_, seq, value, required), held| {
-                let found = held.map(|v| std::hash::BuildHasher::hash_one(hasher, v));
+            |(_, seq, value, required, by_reference), held| {
+                let found = held.map(|v| match v.is_empty() && by_reference {
+                    // By reference: the record's own entry, the one wanted.
+                    true => value,
+                    false => std::hash::BuildHasher::hash_one(hasher, v),
+                });
                 if found.is_some() {
                     *n_keys += 1;
                 }
@@ -1033,9 +1041,9 @@ impl WriteTxn<'_> {
                 conflict: info.conflict,
                 folded,
             };
-            self.put_record(&record)?;
+            let inline = self.put_record_whole(&record)?;
             let from = self.new_inos_from.get().unwrap_or(u64::MAX);
-            self.index_record_with(&record, |ino| ino >= from || Some(ino) == source)?;
+            self.index_record_with(&record, inline, |ino| ino >= from || Some(ino) == source)?;
             let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
             if keep > 0 {
                 // A bounded batch per commit keeps every commit cheap; the rest follow.
@@ -1422,7 +1430,12 @@ impl WriteTxn<'_> {
                 erased.insert(inline_part(b).map(<[u8]>::to_vec));
                 *b = redact_inline(b);
                 let k = u.key();
-                if keys.get((k.as_slice(), seq)).map_err(map_err)?.is_some() {
+                // An entry by reference reads the record, which is rewritten.
+                let held = keys
+                    .get((k.as_slice(), seq))
+                    .map_err(map_err)?
+                    .map(|v| v.value().is_empty());
+                if held == Some(false) {
                     let v = index_value(u);
                     keys.insert((k.as_slice(), seq), v.as_slice())
                         .map_err(map_err)?;
@@ -1479,13 +1492,20 @@ impl WriteTxn<'_> {
     /// it takes at most `RECORD_INLINE_BYTES` (version 3, inline), else its header in
     /// `history` and its entries in `history_undo` parts, each encoded and put as it fills.
     pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        self.put_record_whole(r).map(|_| ())
+    }
+
+    /// `put_record`; whether the record went in one value (inline).
+    fn put_record_whole(&mut self, r: &HistoryRecord) -> Result<bool, StoreError> {
         let inline = r.encode_inline();
         if inline.len() <= RECORD_INLINE_BYTES {
-            return self.put_history_value(r.seq, &inline);
+            self.put_history_value(r.seq, &inline)?;
+            return Ok(true);
         }
         let n = undo_parts::<StoreError>(&r.undo, |p, bytes| self.put_part(r.seq, p, bytes))?;
         let bytes = r.encode_header_v2(r.undo.len() as u64, n);
-        self.put_history_value(r.seq, &bytes)
+        self.put_history_value(r.seq, &bytes)?;
+        Ok(false)
     }
 
     /// Rewrites a version-2 record's header (its parts unchanged).
@@ -1517,18 +1537,24 @@ impl WriteTxn<'_> {
     /// Adds `r` to history's indexes (by key, path and time; see `schema`).
     pub(super) fn index_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
         let from = self.new_inos_from.get().unwrap_or(u64::MAX);
-        self.index_record_with(r, |ino| ino >= from)
+        self.index_record_with(r, false, |ino| ino >= from)
     }
 
-    /// `index_record`, where `fresh` says which inodes the record's operation handed out.
+    /// `index_record`, where `fresh` says which inodes the record's operation handed out;
+    /// `by_reference` (a record held in one value) indexes each key with an empty value: the
+    /// before-image is the record's first entry for the key, one read of a small value away.
     fn index_record_with(
         &self,
         r: &HistoryRecord,
+        by_reference: bool,
         fresh: impl Fn(u64) -> bool,
     ) -> Result<(), StoreError> {
         self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        for (k, v, _) in index_entries(r, fresh).into_iter().filter(|e| e.2) {
+        for (k, mut v, _) in index_entries(r, fresh).into_iter().filter(|e| e.2) {
+            if by_reference {
+                v.clear();
+            }
             keys.insert((k.as_slice(), r.seq), v.as_slice())
                 .map_err(map_err)?;
             redo_put(

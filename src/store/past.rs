@@ -98,11 +98,19 @@ impl Past<'_> {
             Some(item) => {
                 let (k, v) = item.map_err(map_err)?;
                 let seq = k.value().1;
-                Undo::decode(v.value())
-                    .map(|u| Some((seq, u)))
-                    .ok_or_else(|| corrupt("history index entry", seq))
+                self.indexed(key, seq, v.value()).map(|u| Some((seq, u)))
             }
         }
+    }
+
+    /// The before-image of `key` that record `seq` indexes with `value`: the value itself,
+    /// or when it is empty (by reference), the record's first entry for the key.
+    fn indexed(&self, key: &[u8], seq: u64, value: &[u8]) -> Result<Undo, StoreError> {
+        let found = match value.is_empty() {
+            false => Undo::decode(value),
+            true => self.now.find_undo(seq, |u| (u.key() == key).then_some(u))?,
+        };
+        found.ok_or_else(|| corrupt("history index entry", seq))
     }
 
     /// The blob at chunk `idx` of `ino` at this point.
@@ -240,7 +248,7 @@ impl TreeView for Past<'_> {
                 continue;
             }
             done = Some(key.to_vec());
-            match Undo::decode(v.value()) {
+            match self.indexed(key, seq, v.value()).ok() {
                 Some(Undo::Dirent { name, old, .. }) => match old {
                     Some((ino, k)) => {
                         let kind =

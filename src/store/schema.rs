@@ -83,7 +83,11 @@
 //!                                       The inode and chunk keys of an inode the operation
 //!                                       handed out are left out (`history::index_entries`):
 //!                                       no point before it reaches that inode, since inode
-//!                                       numbers are never handed out twice
+//!                                       numbers are never handed out twice.
+//!                                       An empty value refers to the record: the key's
+//!                                       before-image is the record's first entry for it
+//!                                       (written for a record held in one value, version 3
+//!                                       inline; an undo entry is never empty)
 //! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
 //! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
 //!                                       points given as a time
