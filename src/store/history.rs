@@ -256,25 +256,20 @@ impl ReadTxn {
     /// Before-images kept without their content (`schema::keep_form`) whose content the
     /// inode's record after their record does not give back (for check): a later version
     /// with another checksum, or none.
+    /// Each is read back as it is met, so memory stays flat however long the history.
     pub fn kept_content_findings(&self) -> Result<Vec<String>, StoreError> {
-        let mut kept = Vec::new();
+        let mut findings = Vec::new();
         self.for_each_undo(|seq, u| {
             if let Undo::Inode { ino, old: Some(b) } = u
                 && content_kept(b)
+                && self.past(seq)?.kept_content(*ino, Some(seq), b.clone()).is_err()
             {
-                kept.push((seq, *ino, b.clone()));
-            }
-            Ok(())
-        })?;
-        let mut findings = Vec::new();
-        for (seq, ino, image) in kept {
-            let past = self.past(seq)?;
-            if past.kept_content(ino, Some(seq), image).is_err() {
                 findings.push(format!(
                     "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
                 ));
             }
-        }
+            Ok(())
+        })?;
         Ok(findings)
     }
 
@@ -618,7 +613,6 @@ const INDEX_CHECK_BATCH: usize = 1 << 18;
 #[derive(Default)]
 struct IndexCheck {
     hasher: std::collections::hash_map::RandomState,
-    /// (key, seq, hash of the before-image, whether the index must hold it)
     /// (key, seq, hash of the before-image, whether the index must hold it, whether it may
     /// hold it by reference)
     keys: Vec<(Vec<u8>, u64, u64, bool, bool)>,
