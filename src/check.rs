@@ -299,6 +299,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
     content(r, &index, parts_whole, &mut findings)?;
     if parts_whole {
         findings.extend(r.history_index_findings()?);
+        findings.extend(r.kept_content_findings()?);
     }
     if keeps_subtrees {
         subtrees(r, &dirs, below, &mut findings)?;

@@ -753,6 +753,8 @@ struct LogJson<'a> {
     comm: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     conflict: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    folded: &'a [String],
     gid: u32,
     ino: u64,
     op: &'a str,
@@ -794,6 +796,7 @@ impl LogWriter {
                 let line = LogJson {
                     comm: &r.comm,
                     conflict: r.conflict.as_deref(),
+                    folded: &r.folded,
                     gid: r.gid,
                     ino: r.ino,
                     op: &r.op,
@@ -819,7 +822,7 @@ impl LogWriter {
             let date = self.second.as_ref().map_or("", |(_, d)| d.as_str());
             writeln!(
                 self.out,
-                "@{:<6} {date}  {:<9} {:<40} {} -> {} uid {} pid {} {}{}",
+                "@{:<6} {date}  {:<9} {:<40} {} -> {} uid {} pid {} {}{}{}",
                 r.seq,
                 shown(&r.op),
                 paths.join(" -> "),
@@ -828,6 +831,10 @@ impl LogWriter {
                 r.uid,
                 r.pid,
                 shown(&r.comm),
+                match r.folded.is_empty() {
+                    true => String::new(),
+                    false => format!("  [with {} of the source]", shown(&r.folded.join(", "))),
+                },
                 if r.redacted { "  [redacted]" } else { "" }
             )?;
             if let Some(c) = &r.conflict {

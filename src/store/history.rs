@@ -253,6 +253,26 @@ impl ReadTxn {
         Ok(findings)
     }
 
+    /// Before-images kept without their content (`schema::keep_form`) whose content the
+    /// inode's record after their record does not give back (for check): a later version
+    /// with another checksum, or none.
+    /// Each is read back as it is met, so memory stays flat however long the history.
+    pub fn kept_content_findings(&self) -> Result<Vec<String>, StoreError> {
+        let mut findings = Vec::new();
+        self.for_each_undo(|seq, u| {
+            if let Undo::Inode { ino, old: Some(b) } = u
+                && content_kept(b)
+                && self.past(seq)?.kept_content(*ino, Some(seq), b.clone()).is_err()
+            {
+                findings.push(format!(
+                    "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+                ));
+            }
+            Ok(())
+        })?;
+        Ok(findings)
+    }
+
     /// Where history's indexes disagree with the records (for check): each record's keys,
     /// paths and time indexed, with its before-images, and nothing else indexed.
     ///
@@ -275,9 +295,12 @@ impl ReadTxn {
             ..IndexCheck::default()
         };
         self.for_each_record(|r| {
+            check.findings.extend(fold_findings(&r));
+            // A record held in one value may be indexed by reference (an empty value).
+            let by_reference = r.undo_parts.is_none();
             for (key, value, required) in index_entries(&r, |_| true) {
                 let value = std::hash::BuildHasher::hash_one(&check.hasher, value.as_slice());
-                check.keys.push((key, r.seq, value, required));
+                check.keys.push((key, r.seq, value, required, by_reference));
             }
             let mut rp: Vec<&str> = r.paths.iter().map(String::as_str).collect();
             rp.sort_unstable();
@@ -571,6 +594,19 @@ impl ReadTxn {
 /// The fewest entries a `Undo::Created` entry replaces (`WriteTxn::compact_created`): an
 /// operation that creates a file or two keeps its entries as they are.
 const COMPACT_MIN: usize = 16;
+/// How long before a rename the records of its source's create and writes may be folded
+/// into its record (see `WriteTxn::foldable`): the SDK's edit takes milliseconds.
+const FOLD_WINDOW_NS: i64 = 10_000_000_000;
+/// At most this many records are folded into one: a create and its writes.
+const FOLD_MAX_RECORDS: usize = 16;
+
+/// Records a rename's record folds in: their seqs, newest first, and their operations,
+/// oldest first.
+#[derive(Default)]
+struct Fold {
+    seqs: Vec<u64>,
+    ops: Vec<String>,
+}
 
 /// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
 const INDEX_CHECK_BATCH: usize = 1 << 18;
@@ -580,8 +616,9 @@ const INDEX_CHECK_BATCH: usize = 1 << 18;
 #[derive(Default)]
 struct IndexCheck {
     hasher: std::collections::hash_map::RandomState,
-    /// (key, seq, hash of the before-image, whether the index must hold it)
-    keys: Vec<(Vec<u8>, u64, u64, bool)>,
+    /// (key, seq, hash of the before-image, whether the index must hold it, whether it may
+    /// hold it by reference)
+    keys: Vec<(Vec<u8>, u64, u64, bool, bool)>,
     paths: Vec<(String, u64)>,
     times: Vec<(i64, u64)>,
     /// Wanted entries found in the index (a key's, whatever its before-image).
@@ -610,8 +647,12 @@ impl IndexCheck {
             keys,
             std::mem::take(&mut self.keys),
             |w| (w.0.as_slice(), w.1),
-            |(_, seq, value, required), held| {
-                let found = held.map(|v| std::hash::BuildHasher::hash_one(hasher, v));
+            |(_, seq, value, required, by_reference), held| {
+                let found = held.map(|v| match v.is_empty() && by_reference {
+                    // By reference: the record's own entry, the one wanted.
+                    true => value,
+                    false => std::hash::BuildHasher::hash_one(hasher, v),
+                });
                 if found.is_some() {
                     *n_keys += 1;
                 }
@@ -653,6 +694,40 @@ impl IndexCheck {
             },
         )
     }
+}
+
+/// What is wrong with record `r` as a rename that folds in its source's create and writes
+/// (nothing for any other record): it is a rename, its first entry for the source says the
+/// source did not exist, and no key has two entries (each keeps its first before-image).
+fn fold_findings(r: &HistoryRecord) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.folded.is_empty() {
+        return out;
+    }
+    let seq = r.seq;
+    if r.op != "rename" || r.folded.first().map(String::as_str) != Some("create") {
+        out.push(format!(
+            "history record {seq} folds {:?} into a {:?}: only a rename folds its source's create",
+            r.folded, r.op
+        ));
+    }
+    let made = r.undo.iter().find_map(|u| match u {
+        Undo::Inode { ino, old } if *ino == r.ino => Some(old.is_none()),
+        _ => None,
+    });
+    if made != Some(true) {
+        out.push(format!(
+            "history record {seq} folds the creation of inode {} but does not undo it",
+            r.ino
+        ));
+    }
+    let mut keys = std::collections::HashSet::new();
+    if r.undo.iter().any(|u| !keys.insert(u.key())) {
+        out.push(format!(
+            "history record {seq} folds records but holds two entries for one key"
+        ));
+    }
+    out
 }
 
 /// Merges `wanted` (sorted as `index` orders its keys) with `index`: `visit` gets each
@@ -935,12 +1010,20 @@ impl WriteTxn<'_> {
             && (!c.undo.is_empty() || noted)
         {
             self.step(c.undo.len() as u64);
-            let undo = self.compact_created(c.undo)?;
+            let mut undo = self.compact_created(c.undo)?;
             let seq = self.next_counter(META_HISTORY_NEXT)?;
             let info = self.info.take().unwrap_or(OpInfo {
                 op: "change",
                 ..OpInfo::default()
             });
+            let mut folded = Vec::new();
+            let mut source = None;
+            if let Some(fold) = self.foldable(&info, now)? {
+                undo = self.fold(fold.seqs.iter().rev().copied(), undo)?;
+                folded = fold.ops;
+                source = Some(info.ino);
+            }
+            self.keep_content(&mut undo)?;
             let record = HistoryRecord {
                 seq,
                 time: now,
@@ -962,13 +1045,156 @@ impl WriteTxn<'_> {
                 undo_parts: None,
                 undo,
                 conflict: info.conflict,
+                folded,
             };
-            self.put_record(&record)?;
-            self.index_record(&record)?;
+            let inline = self.put_record_whole(&record)?;
+            let from = self.new_inos_from.get().unwrap_or(u64::MAX);
+            self.index_record_with(&record, inline, |ino| ino >= from || Some(ino) == source)?;
             let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
             if keep > 0 {
                 // A bounded batch per commit keeps every commit cheap; the rest follow.
                 self.expire_history(now.saturating_sub(keep as i64), 16)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The newest records to fold into the record of this rename (`info`), newest first:
+    /// the source's "write" records and, before them, its "create", when all of them are
+    /// the store's newest records, made by the renaming process (any of its threads) within
+    /// `FOLD_WINDOW_NS` of
+    /// `now`, naming only the source's old path, with no lost update noted, nothing
+    /// redacted and no blob kept, and no mark names a point among them. The SDK's edit:
+    /// a temporary file created, written, fsynced and renamed over the memory.
+    fn foldable(&self, info: &OpInfo, now: i64) -> Result<Option<Fold>, StoreError> {
+        if info.op != "rename" || info.conflict.is_some() || info.paths.len() != 2 {
+            return Ok(None);
+        }
+        let from = &info.paths[0];
+        let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let mut fold = Fold::default();
+        let mut created = false;
+        // The same process: a FUSE request names the calling thread, and a process's create,
+        // write and rename may come from different threads of it (Node's thread pool).
+        let group = std::cell::OnceCell::new();
+        let same_process = |pid: u32| {
+            pid == info.pid || {
+                let mine = group.get_or_init(|| crate::process::thread_group(info.pid));
+                mine.is_some() && *mine == crate::process::thread_group(pid)
+            }
+        };
+        let newest = hist.iter().map_err(map_err)?.rev().take(FOLD_MAX_RECORDS);
+        for item in newest {
+            let (k, v) = item.map_err(map_err)?;
+            let Some(r) = HistoryRecord::decode(k.value(), v.value()) else {
+                return Ok(None);
+            };
+            let fits = r.ino == info.ino
+                && r.paths.len() == 1
+                && &r.paths[0] == from
+                && r.conflict.is_none()
+                && !r.redacted
+                && r.folded.is_empty()
+                && r.time <= now
+                && now - r.time <= FOLD_WINDOW_NS
+                && matches!(r.op.as_str(), "create" | "write")
+                && same_process(r.pid);
+            if !fits {
+                return Ok(None);
+            }
+            fold.seqs.push(r.seq);
+            fold.ops.push(r.op.clone());
+            if r.op == "create" {
+                created = true;
+                break;
+            }
+        }
+        drop(hist);
+        let Some(&oldest) = fold.seqs.last() else {
+            return Ok(None);
+        };
+        if !created {
+            return Ok(None);
+        }
+        fold.ops.reverse();
+        // A mark names the point after a record: one among the folded ones would vanish.
+        let marks = self.tx.open_table(MARKS).map_err(map_err)?;
+        for item in marks.iter().map_err(map_err)? {
+            if item.map_err(map_err)?.1.value() >= oldest {
+                return Ok(None);
+            }
+        }
+        drop(marks);
+        // The create made the source: its first entry says it did not exist. No entry
+        // keeps a blob (a fresh file's chunks had none before).
+        let mut made = false;
+        let mut blob = false;
+        for &seq in &fold.seqs {
+            for u in self.record_undo(seq)? {
+                match u {
+                    Undo::Inode { ino, old: None } if ino == info.ino && seq == oldest => {
+                        made = true
+                    }
+                    Undo::Filemap { old: Some(_), .. } => blob = true,
+                    _ => {}
+                }
+            }
+        }
+        Ok((made && !blob).then_some(fold))
+    }
+
+    /// Drops records `seqs` (oldest first) and returns their undo entries followed by
+    /// `undo`, each key's first (oldest) before-image only: undoing them restores the store
+    /// to the point before the oldest. A directory entry absent before and after is left
+    /// out (its undo changes nothing).
+    fn fold(
+        &mut self,
+        seqs: impl Iterator<Item = u64>,
+        undo: Vec<Undo>,
+    ) -> Result<Vec<Undo>, StoreError> {
+        let mut all = Vec::new();
+        for seq in seqs {
+            all.extend(self.record_undo(seq)?);
+            self.drop_record(seq)?;
+        }
+        all.extend(undo);
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::with_capacity(all.len());
+        for u in all {
+            if !seen.insert(u.key()) {
+                // A later before-image of a key already restored: not needed. One that kept
+                // a blob gives its reference back.
+                if let Undo::Filemap { old: Some(b), .. } = u {
+                    self.blob_unref(b);
+                }
+                continue;
+            }
+            if let Undo::Dirent {
+                parent,
+                name,
+                old: None,
+            } = &u
+                && self.lookup(*parent, name)?.is_none()
+            {
+                continue;
+            }
+            out.push(u);
+        }
+        Ok(out)
+    }
+
+    /// Before-images of inodes whose inline content this transaction left as it was (a
+    /// rename, a change of mode or times, an unlink that leaves an orphan) drop that content:
+    /// the inode's record after the transaction holds it (`schema::keep_form`).
+    fn keep_content(&self, undo: &mut [Undo]) -> Result<(), StoreError> {
+        let t = self.tx.open_table(INODES).map_err(map_err)?;
+        for u in undo.iter_mut() {
+            if let Undo::Inode { ino, old: Some(b) } = u
+                && inline_part(b).is_some()
+                && let Some(after) = t.get(*ino).map_err(map_err)?
+                && let Some(kept) = keep_form(b, after.value())
+            {
+                *b = kept;
             }
         }
         Ok(())
@@ -986,7 +1212,26 @@ impl WriteTxn<'_> {
                     {
                         return Err(corrupt("history record", *ino));
                     }
-                    let old = old.as_deref().map(super::write::InodeRecord::Encoded);
+                    // A content kept as the record after: the inode's now, undoing newest
+                    // first.
+                    let whole = match old {
+                        Some(b) if content_kept(b) => {
+                            let now = self
+                                .tx
+                                .open_table(INODES)
+                                .map_err(map_err)?
+                                .get(*ino)
+                                .map_err(map_err)?
+                                .map(|v| v.value().to_vec());
+                            let whole = now.and_then(|n| with_kept_content(b, &n));
+                            Some(whole.ok_or_else(|| corrupt("history record", *ino))?)
+                        }
+                        _ => None,
+                    };
+                    let old = whole
+                        .as_deref()
+                        .or(old.as_deref())
+                        .map(super::write::InodeRecord::Encoded);
                     self.set_inode_record(*ino, old)?;
                 }
                 Undo::Dirent { parent, name, old } => {
@@ -1170,6 +1415,17 @@ impl WriteTxn<'_> {
             .ok_or_else(|| corrupt("history record", seq))
     }
 
+    /// Every undo entry of record `seq`, in order (a record folded into another is small).
+    fn record_undo(&self, seq: u64) -> Result<Vec<Undo>, StoreError> {
+        let mut r = self
+            .record_header(seq)?
+            .ok_or_else(|| corrupt("history record", seq))?;
+        for p in 0..r.undo_parts.unwrap_or(0) {
+            r.undo.extend(self.undo_part(seq, p)?);
+        }
+        Ok(r.undo)
+    }
+
     /// Part `part` of record `seq`'s undo entries.
     fn undo_part(&self, seq: u64, part: u32) -> Result<Vec<Undo>, StoreError> {
         let t = self.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
@@ -1314,7 +1570,12 @@ impl WriteTxn<'_> {
                 erased.insert(inline_part(b).map(<[u8]>::to_vec));
                 *b = redact_inline(b);
                 let k = u.key();
-                if keys.get((k.as_slice(), seq)).map_err(map_err)?.is_some() {
+                // An entry by reference reads the record, which is rewritten.
+                let held = keys
+                    .get((k.as_slice(), seq))
+                    .map_err(map_err)?
+                    .map(|v| v.value().is_empty());
+                if held == Some(false) {
                     let v = index_value(u);
                     keys.insert((k.as_slice(), seq), v.as_slice())
                         .map_err(map_err)?;
@@ -1367,12 +1628,24 @@ impl WriteTxn<'_> {
         Ok(erased.len())
     }
 
-    /// Writes record `r` whole (its undo entries in `r.undo`): its header in `history`, its
-    /// entries in `history_undo` parts, each encoded and put as it fills.
+    /// Writes record `r` whole (its undo entries in `r.undo`): in one value of `history` when
+    /// it takes at most `RECORD_INLINE_BYTES` (version 3, inline), else its header in
+    /// `history` and its entries in `history_undo` parts, each encoded and put as it fills.
     pub fn put_record(&mut self, r: &HistoryRecord) -> Result<(), StoreError> {
+        self.put_record_whole(r).map(|_| ())
+    }
+
+    /// `put_record`; whether the record went in one value (inline).
+    fn put_record_whole(&mut self, r: &HistoryRecord) -> Result<bool, StoreError> {
+        let inline = r.encode_inline();
+        if inline.len() <= RECORD_INLINE_BYTES {
+            self.put_history_value(r.seq, &inline)?;
+            return Ok(true);
+        }
         let n = undo_parts::<StoreError>(&r.undo, |p, bytes| self.put_part(r.seq, p, bytes))?;
         let bytes = r.encode_header_v2(r.undo.len() as u64, n);
-        self.put_history_value(r.seq, &bytes)
+        self.put_history_value(r.seq, &bytes)?;
+        Ok(false)
     }
 
     /// Rewrites a version-2 record's header (its parts unchanged).
@@ -1403,13 +1676,25 @@ impl WriteTxn<'_> {
 
     /// Adds `r` to history's indexes (by key, path and time; see `schema`).
     pub(super) fn index_record(&self, r: &HistoryRecord) -> Result<(), StoreError> {
+        let from = self.new_inos_from.get().unwrap_or(u64::MAX);
+        self.index_record_with(r, false, |ino| ino >= from)
+    }
+
+    /// `index_record`, where `fresh` says which inodes the record's operation handed out;
+    /// `by_reference` (a record held in one value) indexes each key with an empty value: the
+    /// before-image is the record's first entry for the key, one read of a small value away.
+    fn index_record_with(
+        &self,
+        r: &HistoryRecord,
+        by_reference: bool,
+        fresh: impl Fn(u64) -> bool,
+    ) -> Result<(), StoreError> {
         self.step(1 + r.undo.len() as u64 + r.paths.len() as u64);
         let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-        let from = self.new_inos_from.get().unwrap_or(u64::MAX);
-        for (k, v, _) in index_entries(r, |ino| ino >= from)
-            .into_iter()
-            .filter(|e| e.2)
-        {
+        for (k, mut v, _) in index_entries(r, fresh).into_iter().filter(|e| e.2) {
+            if by_reference {
+                v.clear();
+            }
             keys.insert((k.as_slice(), r.seq), v.as_slice())
                 .map_err(map_err)?;
             redo_put(
@@ -1781,11 +2066,12 @@ mod tests {
         let back = fs.store().read().unwrap().last_seq().unwrap();
         {
             let r = fs.store().read().unwrap();
-            // The import only created: its tree is one `Created` entry, in one part.
-            assert_eq!(parts_of(&r, imported), vec![0]);
+            // The import only created: its tree is one `Created` entry, small enough to be
+            // held in the record's own value (no part).
+            assert_eq!(parts_of(&r, imported), Vec::<u32>::new());
             for seq in [rolled, back] {
                 let n = parts_of(&r, seq).len();
-                assert!(n >= 3, "record {seq} has {n} parts");
+                assert!(n >= 2, "record {seq} has {n} parts");
                 assert_eq!(parts_of(&r, seq), (0..n as u32).collect::<Vec<_>>());
             }
             let parts = values_of(&r, HISTORY_UNDO);

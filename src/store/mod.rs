@@ -61,7 +61,7 @@ pub use replica::{
 };
 pub use schema::{
     CHUNK_SIZE, FORMAT_VERSION, HistoryRecord, INLINE_MAX, Inode, Kind, ROOT_INO, SubtreeRecord,
-    Undo, inline_is_damaged, inline_part,
+    Undo, content_kept, inline_is_damaged, inline_part,
 };
 pub use write::{OpInfo, WriteTxn};
 

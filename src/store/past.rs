@@ -98,11 +98,19 @@ impl Past<'_> {
             Some(item) => {
                 let (k, v) = item.map_err(map_err)?;
                 let seq = k.value().1;
-                Undo::decode(v.value())
-                    .map(|u| Some((seq, u)))
-                    .ok_or_else(|| corrupt("history index entry", seq))
+                self.indexed(key, seq, v.value()).map(|u| Some((seq, u)))
             }
         }
+    }
+
+    /// The before-image of `key` that record `seq` indexes with `value`: the value itself,
+    /// or when it is empty (by reference), the record's first entry for the key.
+    fn indexed(&self, key: &[u8], seq: u64, value: &[u8]) -> Result<Undo, StoreError> {
+        let found = match value.is_empty() {
+            false => Undo::decode(value),
+            true => self.now.find_undo(seq, |u| (u.key() == key).then_some(u))?,
+        };
+        found.ok_or_else(|| corrupt("history index entry", seq))
     }
 
     /// The blob at chunk `idx` of `ino` at this point.
@@ -140,6 +148,9 @@ impl Past<'_> {
         let Some((seq, image)) = self.inode_image(ino)? else {
             return Ok(None);
         };
+        if content_kept(&image) {
+            return self.kept_content(ino, seq, image).map(Some);
+        }
         let Some(seq) = seq.filter(|_| content_in_record(&image)) else {
             return Ok(Some(image));
         };
@@ -150,6 +161,41 @@ impl Past<'_> {
                 _ => None,
             })?
             .ok_or_else(|| corrupt("history record", seq))
+    }
+}
+
+impl Past<'_> {
+    /// Before-image `image` of `ino`, kept by record `seq` without its content, whole: the
+    /// content is the inode's at the point after that record, followed through later
+    /// records that kept it the same way (a loop, not a recursion: renames may be many).
+    pub(super) fn kept_content(
+        &self,
+        ino: u64,
+        seq: Option<u64>,
+        image: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let mut at = seq.ok_or_else(|| corrupt("history record", ino))?;
+        loop {
+            let later = Past {
+                now: self.now,
+                seq: at,
+            };
+            let (next, record) = later
+                .inode_image(ino)?
+                .ok_or_else(|| corrupt("history record", ino))?;
+            if content_kept(&record) {
+                at = next.ok_or_else(|| corrupt("history record", ino))?;
+                continue;
+            }
+            let record = match next.filter(|_| content_in_record(&record)) {
+                Some(_) => later
+                    .inode_record(ino)?
+                    .ok_or_else(|| corrupt("history record", ino))?,
+                None => record,
+            };
+            return with_kept_content(&image, &record)
+                .ok_or_else(|| corrupt("history record", ino));
+        }
     }
 }
 
@@ -202,7 +248,7 @@ impl TreeView for Past<'_> {
                 continue;
             }
             done = Some(key.to_vec());
-            match Undo::decode(v.value()) {
+            match self.indexed(key, seq, v.value()).ok() {
                 Some(Undo::Dirent { name, old, .. }) => match old {
                     Some((ino, k)) => {
                         let kind =

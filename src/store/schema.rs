@@ -46,8 +46,10 @@
 //!                                       alone. The blob is deleted when its count reaches 0
 //! history  u64 seq         -> &[u8]     one `HistoryRecord` per committed operation, appended in
 //!                                       the operation's own transaction (when history is on):
-//!                                       its header, version 2 (format 6); a format-5 store's
-//!                                       version-1 records hold their undo list too and are
+//!                                       version 3, whole when its entries take at most
+//!                                       RECORD_INLINE_BYTES, else its header; version-2
+//!                                       headers (format 6 before) and a format-5 store's
+//!                                       version-1 records, which hold their undo list, are
 //!                                       read as they are
 //! history_undo (u64 seq, u32 part) -> &[u8]  a version-2 record's undo entries, in order, in
 //!                                       parts 0..n (n in its header) of at most
@@ -85,7 +87,11 @@
 //!                                       handed out, are left out (`history::index_entries`):
 //!                                       no point before it reaches that inode, since inode
 //!                                       numbers are never handed out twice. A `Created`
-//!                                       entry (tag 5) is never indexed
+//!                                       entry (tag 9) is never indexed.
+//!                                       An empty value refers to the record: the key's
+//!                                       before-image is the record's first entry for it
+//!                                       (written for a record held in one value, version 3
+//!                                       inline; an undo entry is never empty)
 //! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
 //! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
 //!                                       points given as a time
@@ -190,7 +196,9 @@
 //! ```text
 //! u8       flags: 1 = redacted (the content was erased: it reads as empty); 2 = the
 //!          content is in the history record this index entry indexes (`history_keys`
-//!          values only, see `index_form`)
+//!          values only, see `index_form`); 4 = the content is the one the inode held
+//!          after the record (history before-images only, see `keep_form`): the
+//!          checksum follows, no content
 //! u32      CRC-32C of the content (little-endian)
 //! ...      the content, to the end of the record, at most INLINE_MAX bytes
 //! ```
@@ -544,6 +552,9 @@ pub enum InlineChunk<'a> {
 const INLINE_REDACTED: u8 = 1;
 /// In history's key index only: the content is in the history record this entry indexes.
 const INLINE_IN_RECORD: u8 = 2;
+/// In a history before-image only: the content is the one the inode held after the record
+/// (its operation changed other fields), whose checksum follows; see `keep_form`.
+const INLINE_KEPT: u8 = 4;
 const INLINE_HEADER_LEN: usize = 5;
 
 /// The inline chunk of an encoded inode record; None for a record without one (or bytes that
@@ -554,7 +565,9 @@ pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
     let (sum, data) = rest.split_at_checked(4)?;
     Some(if flags & INLINE_REDACTED != 0 {
         InlineChunk::Redacted
-    } else if flags & INLINE_IN_RECORD == 0 && crc32c::crc32c(data).to_le_bytes() == sum {
+    } else if flags & (INLINE_IN_RECORD | INLINE_KEPT) == 0
+        && crc32c::crc32c(data).to_le_bytes() == sum
+    {
         InlineChunk::Content(data)
     } else {
         InlineChunk::Damaged
@@ -581,9 +594,48 @@ pub fn content_in_record(image: &[u8]) -> bool {
     inline_part(image).is_some_and(|p| p[0] & INLINE_IN_RECORD != 0)
 }
 
-/// Whether an encoded inode record holds an inline chunk that does not match its checksum.
+/// Whether an encoded inode record holds an inline chunk that does not match its checksum
+/// (a before-image whose content is kept elsewhere holds none).
 pub fn inline_is_damaged(record: &[u8]) -> bool {
     inline_chunk(record) == Some(InlineChunk::Damaged)
+        && inline_part(record).is_some_and(|p| p[0] & (INLINE_IN_RECORD | INLINE_KEPT) == 0)
+}
+
+/// The form a history record keeps of before-image `image` when the inode's record after the
+/// operation, `after`, holds the same inline chunk: `image` without the content, flagged
+/// with its checksum (`INLINE_KEPT`), since the content is the one the inode held after the
+/// record. None when the chunks differ or hold no content (the image is kept whole).
+pub fn keep_form(image: &[u8], after: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(image)?;
+    let part = &image[at..];
+    if part[0] != 0 || part.len() == INLINE_HEADER_LEN || inline_part(after) != Some(part) {
+        return None;
+    }
+    let mut out = image[..at + INLINE_HEADER_LEN].to_vec();
+    out[at] = INLINE_KEPT;
+    Some(out)
+}
+
+/// Whether before-image `image` is `keep_form`'s: its content is the inode's after the
+/// record.
+pub fn content_kept(image: &[u8]) -> bool {
+    inline_part(image).is_some_and(|p| p[0] & INLINE_KEPT != 0)
+}
+
+/// `keep_form`'s image whole again, from `later`: the inode's record at the point after the
+/// image's record (or any later one with the same content). Its inline chunk must match
+/// the kept checksum, or be redacted (erasing a version erases the ones kept as it). None
+/// when it does not.
+pub fn with_kept_content(image: &[u8], later: &[u8]) -> Option<Vec<u8>> {
+    let at = inline_start(image)?;
+    let sum = &image[at + 1..at + INLINE_HEADER_LEN];
+    let part = inline_part(later)?;
+    let fits = match inline_chunk(later)? {
+        InlineChunk::Content(data) => crc32c::crc32c(data).to_le_bytes() == sum,
+        InlineChunk::Redacted => true,
+        InlineChunk::Damaged => false,
+    };
+    fits.then(|| [&image[..at], part].concat())
 }
 
 /// The encoded inline chunk of a record (flags, checksum, content), to carry it into a
@@ -660,8 +712,7 @@ pub enum Undo {
 ///   2 dirent:  u64 parent, str name, u8 has, [u64 ino, u8 kind]
 ///   3 filemap: u64 ino, u64 idx, u8 has, [u64 blob]
 ///   4 orphan:  u64 ino, u8 present
-///   5 created: u64 from, u64 to (written by format 6 builds that compact a bulk create;
-///              older ones cannot read a record holding one)
+///   9 created: var from, var to (in both forms; see version 3 for `var`)
 /// ```
 ///
 /// The trailing conflict note (a replace that overwrote or was refused for overwriting
@@ -673,6 +724,36 @@ pub enum Undo {
 /// between entries into `parts` values of at most `UNDO_PART_BYTES` (an entry is never
 /// split; one larger than the bound, which the inline limit rules out, would fill a part
 /// alone). A record without entries has no parts.
+///
+/// Version 3 (format 6, still; `var` is a LEB128 varint, `vstr` a varint length and UTF-8
+/// bytes):
+///
+/// ```text
+/// u8 version (3) | i64 time | vstr op | var n, n x vstr paths | var ino | var size_before |
+/// var size_after | var uid | var gid | var pid | vstr comm |
+/// u8 flags (1 redacted, 2 folded, 4 conflict, 8 inline) | var n undo entries |
+/// [var parts, unless inline] | [var m, m x vstr folded ops, if folded] |
+/// [vstr conflict, if conflict] | [n x undo as above, if inline]
+/// ```
+///
+/// Its entries, inline or in parts, are written with varints, under tags of their own
+/// (an old entry's tag, plus 4), beside which entries of the older form still read:
+///
+/// ```text
+///   5 inode:   var ino, var n (0: none; else n - 1 bytes follow)
+///   6 dirent:  var parent, vstr name, u8 has, [var ino, u8 kind]
+///   7 filemap: var ino, var idx, u8 has, [var blob]
+///   8 orphan:  var ino, u8 present
+///   9 created: var from, var to (as in the older form)
+/// ```
+///
+/// History's key index keeps the older form (`Undo::encode`).
+///
+/// An inline record holds its entries itself (no `history_undo` row): every record whose
+/// entries take at most `RECORD_INLINE_BYTES`. A folded record is a rename that also undoes
+/// the create and writes of its source the same process made just before (`folded` names
+/// them, oldest first; see `history::WriteTxn::foldable`): it keeps each key's first
+/// before-image only, and its source's first entry says the source did not exist.
 ///
 /// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -701,12 +782,28 @@ pub struct HistoryRecord {
     /// parts 0..n; None for a version-1 record, whose entries are in its own value.
     #[serde(skip)]
     pub undo_parts: Option<u32>,
+    /// The operations of the earlier records folded into this one (a rename of a file the
+    /// same process had just created and written: "create", then "write"...); empty for
+    /// any other record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub folded: Vec<String>,
 }
 
 /// The version of a record whose undo list is in its own value (format 5).
 const HISTORY_RECORD_WHOLE: u8 = 1;
 /// The version of a record whose undo entries are in `history_undo` parts (format 6).
 const HISTORY_RECORD_SPLIT: u8 = 2;
+/// Version 2 written compactly (varints), with the operations folded into it.
+const HISTORY_RECORD_COMPACT: u8 = 3;
+/// Header flags: the content of some before-image was redacted; operations were folded in.
+const RECORD_REDACTED: u8 = 1;
+const RECORD_FOLDED: u8 = 2;
+const RECORD_CONFLICT: u8 = 4;
+const RECORD_INLINE: u8 = 8;
+/// A record whose encoded entries take at most this many bytes keeps them in its own value
+/// (version 3, inline): no `history_undo` row for an ordinary edit's few entries, whose
+/// before-image of a memory holds at most `INLINE_MAX` bytes of content.
+pub const RECORD_INLINE_BYTES: usize = 4096 - 256;
 
 /// The most bytes of undo entries one `history_undo` value holds: below 64 KiB with room
 /// for a leaf's header (see `CHUNK_SIZE`), so a part fills one page at most.
@@ -748,16 +845,96 @@ impl Undo {
                 e.u64(*ino);
                 e.u8(u8::from(*present));
             }
-            Undo::Created { from, to } => {
+            Undo::Created { from, to } => Undo::encode_created(e, *from, *to),
+        }
+    }
+
+    /// A `Created` entry has one form in both encodings (tag 9, varints): it came after both.
+    fn encode_created(e: &mut Enc, from: u64, to: u64) {
+        e.u8(9);
+        e.var(from);
+        e.var(to);
+    }
+
+    /// The entry with varints (tags 5 to 9), as version-3 records and their parts hold it.
+    fn encode_compact_into(&self, e: &mut Enc) {
+        match self {
+            Undo::Inode { ino, old } => {
                 e.u8(5);
-                e.u64(*from);
-                e.u64(*to);
+                e.var(*ino);
+                match old {
+                    None => e.var(0),
+                    Some(b) => {
+                        e.var(b.len() as u64 + 1);
+                        e.0.extend_from_slice(b);
+                    }
+                }
             }
+            Undo::Dirent { parent, name, old } => {
+                e.u8(6);
+                e.var(*parent);
+                e.vstr(name);
+                match old {
+                    None => e.u8(0),
+                    Some((ino, kind)) => {
+                        e.u8(1);
+                        e.var(*ino);
+                        e.u8(*kind);
+                    }
+                }
+            }
+            Undo::Filemap { ino, idx, old } => {
+                e.u8(7);
+                e.var(*ino);
+                e.var(*idx);
+                e.u8(u8::from(old.is_some()));
+                if let Some(b) = old {
+                    e.var(*b);
+                }
+            }
+            Undo::Orphan { ino, present } => {
+                e.u8(8);
+                e.var(*ino);
+                e.u8(u8::from(*present));
+            }
+            Undo::Created { from, to } => Undo::encode_created(e, *from, *to),
         }
     }
 
     fn decode_from(d: &mut Dec<'_>) -> Option<Undo> {
         Some(match d.u8()? {
+            5 => {
+                let ino = d.var()?;
+                let old = match usize::try_from(d.var()?).ok()? {
+                    0 => None,
+                    n => Some(d.take(n - 1)?.to_vec()),
+                };
+                Undo::Inode { ino, old }
+            }
+            6 => {
+                let parent = d.var()?;
+                let name = d.vstr()?;
+                let old = match d.u8()? {
+                    0 => None,
+                    1 => Some((d.var()?, d.u8()?)),
+                    _ => return None,
+                };
+                Undo::Dirent { parent, name, old }
+            }
+            7 => {
+                let ino = d.var()?;
+                let idx = d.var()?;
+                let old = match d.u8()? {
+                    0 => None,
+                    1 => Some(d.var()?),
+                    _ => return None,
+                };
+                Undo::Filemap { ino, idx, old }
+            }
+            8 => Undo::Orphan {
+                ino: d.var()?,
+                present: d.u8()? != 0,
+            },
             1 => {
                 let ino = d.u64()?;
                 let old = if d.u8()? != 0 {
@@ -788,9 +965,9 @@ impl Undo {
                 ino: d.u64()?,
                 present: d.u8()? != 0,
             },
-            5 => Undo::Created {
-                from: d.u64()?,
-                to: d.u64()?,
+            9 => Undo::Created {
+                from: d.var()?,
+                to: d.var()?,
             },
             _ => return None,
         })
@@ -798,6 +975,9 @@ impl Undo {
 
     /// Steps over one encoded entry.
     fn skip(d: &mut Dec<'_>) -> Option<()> {
+        if matches!(d.0.first(), Some(5..=9)) {
+            return Undo::decode_from(d).map(|_| ());
+        }
         match d.u8()? {
             1 => {
                 d.take(8)?;
@@ -822,9 +1002,6 @@ impl Undo {
             }
             4 => {
                 d.take(9)?;
-            }
-            5 => {
-                d.take(16)?;
             }
             _ => return None,
         }
@@ -853,7 +1030,7 @@ impl Undo {
             Undo::Filemap { ino, idx, .. } => undo_key(3, &[*ino, *idx], ""),
             Undo::Orphan { ino, .. } => undo_key(4, &[*ino], ""),
             // Never indexed: it names no key of its own (see `history::index_entries`).
-            Undo::Created { from, to } => undo_key(5, &[*from, *to], ""),
+            Undo::Created { from, to } => undo_key(9, &[*from, *to], ""),
         }
     }
 }
@@ -893,6 +1070,14 @@ impl Enc {
         self.u16(end as u16);
         self.0.extend_from_slice(&s.as_bytes()[..end]);
     }
+    fn var(&mut self, v: u64) {
+        put_varint(&mut self.0, v);
+    }
+    /// A string as a varint length and its bytes.
+    fn vstr(&mut self, s: &str) {
+        self.var(s.len() as u64);
+        self.0.extend_from_slice(s.as_bytes());
+    }
 }
 
 struct Dec<'a>(&'a [u8]);
@@ -924,6 +1109,16 @@ impl Dec<'_> {
         let n = self.u16()? as usize;
         String::from_utf8(self.take(n)?.to_vec()).ok()
     }
+    fn var(&mut self) -> Option<u64> {
+        let mut at = 0;
+        let v = take_varint(self.0, &mut at)?;
+        self.0 = &self.0[at..];
+        Some(v)
+    }
+    fn vstr(&mut self) -> Option<String> {
+        let n = usize::try_from(self.var()?).ok()?;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
 }
 
 impl HistoryRecord {
@@ -952,8 +1147,70 @@ impl HistoryRecord {
         }
     }
 
-    /// The version-2 header of this record, whose `undo_len` entries make `parts` parts.
+    /// The header of this record, whose `undo_len` entries make `parts` parts: version 3
+    /// (version 2's fields, compactly, and the operations folded into it).
     pub fn encode_header_v2(&self, undo_len: u64, parts: u32) -> Vec<u8> {
+        self.encode_compact(undo_len, Some(parts), &[])
+    }
+
+    /// This record whole, its entries (`self.undo`) in its own value: version 3, for a
+    /// record whose entries take at most `RECORD_INLINE_BYTES`.
+    pub fn encode_inline(&self) -> Vec<u8> {
+        self.encode_compact(self.undo.len() as u64, None, &self.undo)
+    }
+
+    /// Version 3: its entries in `parts` parts, or when None, `entries` after the header.
+    fn encode_compact(&self, undo_len: u64, parts: Option<u32>, entries: &[Undo]) -> Vec<u8> {
+        let mut e = Enc(Vec::with_capacity(64));
+        e.u8(HISTORY_RECORD_COMPACT);
+        e.u64(self.time as u64);
+        e.vstr(&self.op);
+        e.var(self.paths.len() as u64);
+        for p in &self.paths {
+            e.vstr(p);
+        }
+        for v in [self.ino, self.size_before, self.size_after] {
+            e.var(v);
+        }
+        for v in [self.uid, self.gid, self.pid] {
+            e.var(u64::from(v));
+        }
+        e.vstr(&self.comm);
+        let mut flags = 0;
+        if self.redacted {
+            flags |= RECORD_REDACTED;
+        }
+        if !self.folded.is_empty() {
+            flags |= RECORD_FOLDED;
+        }
+        if self.conflict.is_some() {
+            flags |= RECORD_CONFLICT;
+        }
+        if parts.is_none() {
+            flags |= RECORD_INLINE;
+        }
+        e.u8(flags);
+        e.var(undo_len);
+        if let Some(n) = parts {
+            e.var(u64::from(n));
+        }
+        if !self.folded.is_empty() {
+            e.var(self.folded.len() as u64);
+            for op in &self.folded {
+                e.vstr(op);
+            }
+        }
+        if let Some(c) = &self.conflict {
+            e.vstr(c);
+        }
+        for u in entries {
+            u.encode_compact_into(&mut e);
+        }
+        e.0
+    }
+
+    /// The version-2 header (format 6 before version 3): what earlier builds wrote.
+    pub fn encode_header_split(&self, undo_len: u64, parts: u32) -> Vec<u8> {
         let mut e = Enc(Vec::with_capacity(128));
         self.encode_header(&mut e, HISTORY_RECORD_SPLIT);
         e.u32(undo_len as u32);
@@ -977,7 +1234,10 @@ impl HistoryRecord {
     /// The commit time of an encoded record, without decoding the rest.
     pub fn time_of(b: &[u8]) -> Option<i64> {
         let mut d = Dec(b);
-        if !matches!(d.u8()?, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
+        if !matches!(
+            d.u8()?,
+            HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT | HISTORY_RECORD_COMPACT
+        ) {
             return None;
         }
         Some(d.u64()? as i64)
@@ -999,6 +1259,9 @@ impl HistoryRecord {
     fn decode_with(seq: u64, b: &[u8], undo: bool) -> Option<HistoryRecord> {
         let mut d = Dec(b);
         let version = d.u8()?;
+        if version == HISTORY_RECORD_COMPACT {
+            return Self::decode_compact(seq, d, undo);
+        }
         if !matches!(version, HISTORY_RECORD_WHOLE | HISTORY_RECORD_SPLIT) {
             return None;
         }
@@ -1023,6 +1286,7 @@ impl HistoryRecord {
             conflict: None,
             undo_len: 0,
             undo_parts: None,
+            folded: Vec::new(),
         };
         let n = d.u32()?;
         r.undo_len = u64::from(n);
@@ -1044,6 +1308,75 @@ impl HistoryRecord {
     }
 }
 
+impl HistoryRecord {
+    /// A version-3 record, after its version byte: its entries decoded when `undo` and
+    /// they are inline, else stepped over.
+    fn decode_compact(seq: u64, mut d: Dec<'_>, undo: bool) -> Option<HistoryRecord> {
+        let time = d.u64()? as i64;
+        let op = d.vstr()?;
+        let n = d.var()?;
+        let mut paths = Vec::new();
+        for _ in 0..n {
+            paths.push(d.vstr()?);
+        }
+        let ino = d.var()?;
+        let size_before = d.var()?;
+        let size_after = d.var()?;
+        let mut id = || u32::try_from(d.var()?).ok();
+        let (uid, gid, pid) = (id()?, id()?, id()?);
+        let comm = d.vstr()?;
+        let flags = d.u8()?;
+        if flags & !(RECORD_REDACTED | RECORD_FOLDED | RECORD_CONFLICT | RECORD_INLINE) != 0 {
+            return None;
+        }
+        let undo_len = d.var()?;
+        let undo_parts = match flags & RECORD_INLINE {
+            0 => Some(u32::try_from(d.var()?).ok()?),
+            _ => None,
+        };
+        let mut folded = Vec::new();
+        if flags & RECORD_FOLDED != 0 {
+            let n = d.var()?;
+            for _ in 0..n {
+                folded.push(d.vstr()?);
+            }
+        }
+        let conflict = match flags & RECORD_CONFLICT {
+            0 => None,
+            _ => Some(d.vstr()?),
+        };
+        let mut entries = Vec::new();
+        if undo_parts.is_none() {
+            for _ in 0..undo_len {
+                if undo {
+                    entries.push(Undo::decode_from(&mut d)?);
+                } else {
+                    Undo::skip(&mut d)?;
+                }
+            }
+        }
+        d.0.is_empty().then_some(HistoryRecord {
+            seq,
+            time,
+            op,
+            paths,
+            ino,
+            size_before,
+            size_after,
+            uid,
+            gid,
+            pid,
+            comm,
+            redacted: flags & RECORD_REDACTED != 0,
+            undo: entries,
+            conflict,
+            undo_len,
+            undo_parts,
+            folded,
+        })
+    }
+}
+
 /// Cuts encoded undo entries into `history_undo` parts of at most `UNDO_PART_BYTES`, between
 /// entries, handing each full part to `put` as it fills: the encoding never holds more than
 /// one part.
@@ -1057,7 +1390,7 @@ pub(crate) fn undo_parts<E>(
     let mut n = 0u32;
     for u in undo {
         let at = part.0.len();
-        u.encode_into(&mut part);
+        u.encode_compact_into(&mut part);
         if part.0.len() > UNDO_PART_BYTES && at > 0 {
             let tail = part.0.split_off(at);
             put(n, &part.0)?;
@@ -1103,6 +1436,7 @@ mod tests {
             comm: "node".into(),
             redacted: false,
             conflict: Some("pid 1 replaced content pid 2 wrote".into()),
+            folded: Vec::new(),
             undo_len: 0,
             undo_parts: None,
             undo: vec![
@@ -1170,14 +1504,137 @@ mod tests {
             ..summary
         };
         assert_eq!(HistoryRecord::decode(9, &header), Some(split.clone()));
-        assert_eq!(HistoryRecord::decode_summary(9, &header), Some(split));
+        assert_eq!(
+            HistoryRecord::decode_summary(9, &header),
+            Some(split.clone())
+        );
         assert_eq!(HistoryRecord::time_of(&header), Some(r.time));
         assert_eq!(decode_undo_part(&parts[0]), Some(r.undo.clone()));
         assert_eq!(decode_undo_part(&parts[0][..parts[0].len() - 1]), None);
+        // What version 2 wrote still reads.
+        let old = r.encode_header_split(r.undo.len() as u64, n);
+        assert_eq!(HistoryRecord::decode(9, &old), Some(split.clone()));
+        // Version 3 inline: the entries in the value, stepped over for a summary; with and
+        // without a conflict note and folded operations.
+        for (conflict, folded) in [
+            (r.conflict.clone(), vec![]),
+            (None, vec!["create".into(), "write".into()]),
+        ] {
+            let r = HistoryRecord {
+                conflict,
+                folded,
+                ..r.clone()
+            };
+            let inline = r.encode_inline();
+            assert!(
+                inline.len() < old.len() + parts[0].len(),
+                "{}",
+                inline.len()
+            );
+            let whole = HistoryRecord {
+                undo_len: r.undo.len() as u64,
+                ..r.clone()
+            };
+            assert_eq!(HistoryRecord::decode(9, &inline), Some(whole.clone()));
+            let summary = HistoryRecord {
+                undo: Vec::new(),
+                ..whole
+            };
+            assert_eq!(HistoryRecord::decode_summary(9, &inline), Some(summary));
+            assert_eq!(HistoryRecord::time_of(&inline), Some(r.time));
+            for cut in 1..inline.len() {
+                assert_eq!(
+                    HistoryRecord::decode(9, &inline[..cut]),
+                    None,
+                    "cut at {cut}"
+                );
+            }
+            let header = r.encode_header_v2(r.undo.len() as u64, 3);
+            let split = HistoryRecord {
+                undo_len: r.undo.len() as u64,
+                undo_parts: Some(3),
+                undo: Vec::new(),
+                ..r.clone()
+            };
+            assert_eq!(HistoryRecord::decode(9, &header), Some(split));
+        }
         let mut bad = r.encode_whole();
-        bad[0] = 3;
+        bad[0] = 4;
         assert_eq!(HistoryRecord::decode(9, &bad), None);
         assert_eq!(HistoryRecord::decode(9, &r.encode_whole()[..20]), None);
+    }
+
+    /// The compact form of every entry reads back, beside the older form in one part, and
+    /// takes fewer bytes; cut short, it does not decode.
+    #[test]
+    fn compact_undo_entries_round_trip_beside_old_ones() {
+        let entries = vec![
+            Undo::Inode { ino: 7, old: None },
+            Undo::Inode {
+                ino: u64::MAX,
+                old: Some(vec![2; 300]),
+            },
+            Undo::Dirent {
+                parent: 1,
+                name: "mem.md".into(),
+                old: Some((u64::MAX, 1)),
+            },
+            Undo::Dirent {
+                parent: 300,
+                name: ".tmp-1-x".into(),
+                old: None,
+            },
+            Undo::Filemap {
+                ino: 5,
+                idx: 70_000,
+                old: Some(u64::MAX),
+            },
+            Undo::Filemap {
+                ino: 5,
+                idx: 0,
+                old: None,
+            },
+            Undo::Orphan {
+                ino: 9,
+                present: true,
+            },
+        ];
+        let mut mixed = Enc(Vec::new());
+        for u in &entries {
+            let mut c = Enc(Vec::new());
+            u.encode_compact_into(&mut c);
+            assert!(c.0.len() < u.encode().len(), "{u:?}");
+            assert_eq!(decode_undo_part(&c.0), Some(vec![u.clone()]));
+            for cut in 0..c.0.len() {
+                assert_eq!(
+                    decode_undo_part(&c.0[..cut]).filter(|v| !v.is_empty()),
+                    None
+                );
+            }
+            u.encode_compact_into(&mut mixed);
+            u.encode_into(&mut mixed);
+        }
+        let both: Vec<Undo> = entries
+            .iter()
+            .flat_map(|u| [u.clone(), u.clone()])
+            .collect();
+        assert_eq!(decode_undo_part(&mixed.0), Some(both));
+
+        // A `Created` entry has one form in both encodings, under a tag no other entry uses.
+        let created = Undo::Created {
+            from: 3,
+            to: u64::MAX,
+        };
+        let mut c = Enc(Vec::new());
+        created.encode_compact_into(&mut c);
+        assert_eq!(c.0, created.encode());
+        assert_eq!(Undo::decode(&c.0), Some(created.clone()));
+        entries[0].encode_compact_into(&mut c);
+        entries[0].encode_into(&mut c);
+        assert_eq!(
+            decode_undo_part(&c.0),
+            Some(vec![created, entries[0].clone(), entries[0].clone()])
+        );
     }
 
     /// Parts are cut between entries, each at most `UNDO_PART_BYTES`, and give back the
