@@ -496,3 +496,39 @@ fn a_replica_of_files_moving_across_the_threshold_restores_every_byte() {
     ok(redbfs(&["export", s(&restored), s(&out)]));
     assert_eq!(digest(&files_of(&out)), digest(&want));
 }
+
+/// A small file's commit wrote its inode record twice, once when its content went inline and
+/// again with its new size and times, so the write-ahead log carried the content twice per
+/// fsync (and redb copied it twice). The record is written once now: the content is in the
+/// log once, and reads back from the record.
+#[test]
+fn a_small_files_commit_logs_its_content_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let store = Store::open_or_create(&path, (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let data = body(1500, 7);
+    let (attr, fh) = fs
+        .create(ME, ROOT_INO, b"f.md", 0o600, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.write(ME, fh, 0, &data).unwrap();
+    let (_, before) = fs.store().log_state();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    let (_, after) = fs.store().log_state();
+    let log = std::fs::read(dir.path().join("s.redb.wal")).unwrap();
+    let copies = log.windows(data.len()).filter(|w| *w == data).count();
+    assert_eq!(copies, 1, "the content's copies in the log");
+    assert!(
+        after - before < 2 * data.len() as u64,
+        "the commit logged {} bytes for {} of content",
+        after - before,
+        data.len()
+    );
+    assert!(same(&read_all(&fs, "f.md"), &data));
+    let r = fs.store().read().unwrap();
+    assert_eq!(layout(&r, ROOT_INO, "f.md"), (true, 0));
+    assert_eq!(r.inode(attr.ino).unwrap().unwrap().size, 1500);
+    clean(&r);
+}

@@ -238,7 +238,19 @@ impl OpenFile {
         if let Some(d) = self.drop_from {
             w.remove_chunks_from(self.ino, d)?;
         }
-        w.put_chunks(self.ino, self.dirty.iter().map(|(&i, d)| (i, d.as_slice())))?;
+        inode.size = self.size;
+        if let Some(t) = self.pending_mtime {
+            inode.mtime = t;
+        }
+        if let Some(t) = self.pending_ctime {
+            inode.ctime = t;
+        }
+        let dirty = self.dirty.iter().map(|(&i, d)| (i, d.as_slice()));
+        if self.spilled.is_none() {
+            // The record once, with a small file's content in it.
+            return w.put_inode_and_chunks(&inode, dirty).map_err(Error::from);
+        }
+        w.put_chunks(self.ino, dirty)?;
         if let Some(sp) = &self.spilled {
             // One chunk in memory at a time.
             for &idx in sp.chunks.keys() {
@@ -246,13 +258,6 @@ impl OpenFile {
                     w.put_chunks(self.ino, std::iter::once((idx, data.as_slice())))?;
                 }
             }
-        }
-        inode.size = self.size;
-        if let Some(t) = self.pending_mtime {
-            inode.mtime = t;
-        }
-        if let Some(t) = self.pending_ctime {
-            inode.ctime = t;
         }
         w.put_inode(&inode).map_err(Error::from)
     }

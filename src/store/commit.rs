@@ -221,16 +221,22 @@ impl WriteTxn<'_> {
             .fetch_add(self.steps.get(), Ordering::Relaxed);
     }
 
-    /// Writes the usage counts and the commit time into `meta`, in the commit they count.
+    /// Writes the usage counts this transaction changed and the commit time into `meta`, in
+    /// the commit they count (a count it left alone is already right there).
     fn store_counts(&self, now: i64) -> Result<(), StoreError> {
         let usage = self.usage()?;
+        let d = &self.usage;
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         for (k, v) in [
-            (META_FILES, usage.files),
-            (META_DIRS, usage.dirs),
-            (META_CONTENT_BYTES, usage.content_bytes),
-            (META_LAST_COMMIT, now as u64),
+            (META_FILES, (d.files != 0).then_some(usage.files)),
+            (META_DIRS, (d.dirs != 0).then_some(usage.dirs)),
+            (
+                META_CONTENT_BYTES,
+                (d.content_bytes != 0).then_some(usage.content_bytes),
+            ),
+            (META_LAST_COMMIT, Some(now as u64)),
         ] {
+            let Some(v) = v else { continue };
             let bytes = v.to_le_bytes();
             meta.insert(k, bytes.as_slice()).map_err(map_err)?;
             redo_put(&self.redo, META, &k, &bytes.as_slice());

@@ -576,6 +576,35 @@ impl WriteTxn<'_> {
         self.set_inode_record(inode.ino, Some(InodeRecord::Encoded(&bytes)))
     }
 
+    /// Writes `inode`'s record and its changed `chunks` (as `put_chunks`), for an existing
+    /// inode. A chunk 0 that goes inline is encoded into the record with the new fields, so
+    /// the record is written once, not once for the chunk and again for the fields (a small
+    /// file's commit otherwise puts its content in the table and the log twice).
+    pub fn put_inode_and_chunks<'d>(
+        &mut self,
+        inode: &Inode,
+        chunks: impl IntoIterator<Item = (u64, &'d [u8])> + Clone,
+    ) -> Result<(), StoreError> {
+        let inline = chunks
+            .clone()
+            .into_iter()
+            .find(|&(idx, d)| idx == 0 && d.len() <= INLINE_MAX);
+        let Some((_, data)) = inline else {
+            self.put_chunks(inode.ino, chunks)?;
+            return self.put_inode(inode);
+        };
+        self.written += data.len() as u64;
+        self.set_filemap(inode.ino, 0, None)?;
+        let bytes = inode.encode_with(Some(&encode_inline(data)));
+        self.set_inode_record(inode.ino, Some(InodeRecord::Encoded(&bytes)))?;
+        // The rest go to blobs.
+        let rest: Vec<(u64, &[u8])> = chunks.into_iter().filter(|&(idx, _)| idx != 0).collect();
+        if rest.is_empty() {
+            return Ok(());
+        }
+        self.put_chunks(inode.ino, rest.iter().copied())
+    }
+
     /// Writes a new file's record with its whole content: one record for a file whose
     /// content fits inline, the record and its chunks otherwise.
     pub fn put_file(&mut self, inode: &Inode, content: &[u8]) -> Result<(), StoreError> {

@@ -356,20 +356,20 @@ impl WriteTxn<'_> {
         self.step(1);
         let mut t = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let old = match new {
-            Some(b) => {
-                redo_put(&self.redo, FILEMAP, &(ino, idx), &b);
-                t.insert((ino, idx), b)
-            }
-            None => {
-                redo_del(&self.redo, FILEMAP, &(ino, idx));
-                t.remove((ino, idx))
-            }
+            Some(b) => t.insert((ino, idx), b),
+            None => t.remove((ino, idx)),
         }
         .map_err(map_err)?
         .map(|v| v.value());
         drop(t);
         if old == new {
+            // Nothing changed (a small file's content going inline removes a row that was
+            // never there): nothing for the log to replay.
             return Ok(());
+        }
+        match new {
+            Some(b) => redo_put(&self.redo, FILEMAP, &(ino, idx), &b),
+            None => redo_del(&self.redo, FILEMAP, &(ino, idx)),
         }
         if self.first_touch(3, ino, idx, "") {
             // The history record keeps the old blob alive.
