@@ -221,9 +221,19 @@ impl Store {
         w.tx.open_table(DELTAS).map_err(map_err)?;
         w.tx.open_table(BLOB_DELTAS).map_err(map_err)?;
         w.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(META_FORMAT, &(schema::FORMAT_6 as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), "store format 5 migrated to 6: earlier versions may be kept as deltas, and new history records keep their undo entries in parts of bounded size");
+        Ok(())
+    }
+
+    /// Migrates a format-6 store: only its number changes (see `schema::FORMAT_6`).
+    fn stamp_format_7(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), "store format 6 migrated to 7: new history records are written compactly, which earlier releases cannot read");
         Ok(())
     }
 
@@ -253,6 +263,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_5 as u64 => {
                 drop(r);
                 self.add_format_6_tables()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_6 as u64 => {
+                drop(r);
+                self.stamp_format_7()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -501,5 +516,32 @@ mod tests {
         assert_eq!(got[0].as_deref(), Some(&b"one"[..]));
         let log = r.history_of(Some("/f1"), None, usize::MAX).unwrap();
         assert_eq!(log.iter().map(|h| h.seq).collect::<Vec<_>>(), vec![2]);
+    }
+
+    /// A store of format 6 is stamped 7 at open and reads as it was; read-only, as it is.
+    #[test]
+    fn a_format_6_store_is_stamped_7_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        {
+            let store = Store::open_or_create(&path, (0, 0)).unwrap();
+            let mut w = store.write().unwrap();
+            w.put_chunk(7, 0, b"kept").unwrap();
+            w.put_meta(META_FORMAT, &6u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+        }
+        {
+            let store = crate::store::Store::open_read_only(&path).unwrap();
+            let r = store.read().unwrap();
+            assert_eq!(r.meta_u64(META_FORMAT).unwrap(), Some(6));
+        }
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        let got = r.chunks(7, 0, 1).unwrap();
+        assert_eq!(got[0].as_deref(), Some(&b"kept"[..]));
     }
 }

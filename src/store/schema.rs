@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 6)
+//! # Tables (format version 7)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -249,7 +249,12 @@ use redb::TableDefinition;
 pub const MAX_DELTA_RUN: u8 = 255;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
+/// The format before compact history (record version 3, `Created` entries, key index
+/// entries that refer to their record), migrated at open by stamping the new number: nothing
+/// is rewritten, and its records read as they are. The number changes so that an earlier
+/// release refuses a store holding records it cannot read, instead of failing on one.
+pub const FORMAT_6: u32 = 6;
 /// The format before delta blobs and history records in parts, migrated at open: the
 /// `deltas`, `blob_deltas` and `history_undo` tables are made; no blob or record changes
 /// (a format-5 record holds its whole undo list and is read as it is).
