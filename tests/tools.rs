@@ -1043,3 +1043,47 @@ fn a_copy_changed_after_writing_is_refused() {
     // A digest that does not parse is refused, not ignored.
     assert!(redbfs::tools::verify_copy_args(&intact2, &["marks".to_string()]).is_err());
 }
+
+/// `snapshot --path` writes a store of that directory alone (written with a copy's small
+/// cache, checked whole): its root holds what lay below the directory, content included.
+#[test]
+fn snapshot_of_a_directory_is_a_store_of_its_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    {
+        let st = Store::open_or_create(&store, (0, 0)).unwrap();
+        let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
+        let me = redbfs::fs::Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let users = fs.mkdir(me, ROOT_INO, b"users", 0o755, 0).unwrap();
+        let u7 = fs.mkdir(me, users.ino, b"u7", 0o700, 0).unwrap();
+        for (parent, name, body) in [
+            (u7.ino, &b"notes.md"[..], &b"seven"[..]),
+            (users.ino, b"other.md", b"not copied"),
+        ] {
+            let (_, fh) = fs
+                .create(me, parent, name, 0o600, 0, libc::O_WRONLY)
+                .unwrap();
+            fs.write(me, fh, 0, body).unwrap();
+            fs.release(fh).unwrap();
+        }
+    }
+    let out = dir.path().join("u7.redb");
+    ok(redbfs(&[
+        "snapshot",
+        s(&store),
+        s(&out),
+        "--path",
+        "/users/u7",
+    ]));
+    assert_eq!(ok(redbfs(&["cat", s(&out), "/notes.md"])), "seven");
+    let listed = ok(redbfs(&["ls", s(&out), "/"]));
+    assert!(
+        listed.contains("notes.md") && !listed.contains("other"),
+        "{listed}"
+    );
+    ok(redbfs(&["check", s(&out)]));
+}

@@ -5,6 +5,7 @@
 //! their stored bytes, in key order: nothing is decoded or encoded on the way. What each
 //! table held as it was read is summed up in a `TableDigest`, which `table_digests` computes
 //! again from the copy: equal digests mean the copy holds what was read, table by table.
+//! A copy runs on two threads: one reads the snapshot, the other writes the copy.
 
 use std::path::Path;
 
@@ -92,12 +93,6 @@ pub(super) const COPY_CACHE_BYTES: usize = 1024 * 1024;
 /// daemon grew by 21 MiB while `history_undo` was copied. One `malloc_trim` per MiB bounds
 /// that to about a MiB, for some 250 calls over a 300 MB store.
 const RETURN_MEMORY_EVERY: u64 = 1 << 20;
-
-/// A copy inserts through a cursor at the end of each table, closed and opened again after
-/// this many bytes of keys and values: redb buffers a cursor's inserts until it holds a MiB
-/// of them (with the buffer's own growth, two), which a snapshot would add to the daemon's
-/// peak. A quarter of that costs a few more updates of the tree's right edge per MiB.
-const COPY_RUN_BYTES: usize = 256 * 1024;
 
 /// The bytes of a `T` as stored, under `T`'s name and order: a table opened through it is
 /// the same table, read and written without decoding or encoding a key or value.
@@ -241,17 +236,77 @@ fn visit_tables(r: &ReadTxn, v: &mut impl TableVisitor) -> Result<(), StoreError
     Ok(())
 }
 
-/// Copies each table as stored bytes, in key order, through a cursor at the end of the new
-/// table: redb buffers ascending inserts there and packs them into full leaves, one update
-/// of the tree per MiB buffered, where `insert` walked the tree down for every entry.
-struct Copier<'a> {
-    from: &'a redb::ReadTransaction,
-    to: &'a redb::WriteTransaction,
-    stats: CopyStats,
-    progress: &'a mut dyn FnMut(u64),
+/// The rows of a table travel from the thread that reads the snapshot to the one that writes
+/// the copy in batches of about this many bytes (each key and value after its length, 4 bytes
+/// little-endian), at most `COPY_BATCHES` of them allocated: what a copy holds in flight
+/// stays near a MiB however large the store.
+const COPY_BATCH_BYTES: usize = 256 * 1024;
+const COPY_BATCHES: usize = 3;
+
+/// What the reading thread sends: rows of the table being copied, or the end of it.
+enum Batch {
+    Rows(Vec<u8>),
+    End,
 }
 
-impl TableVisitor for Copier<'_> {
+fn put_row(buf: &mut Vec<u8>, k: &[u8], v: &[u8]) {
+    buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
+    buf.extend_from_slice(k);
+    buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    buf.extend_from_slice(v);
+}
+
+/// The rows `put_row` wrote into `buf`, in order.
+fn rows(buf: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let mut field = || {
+            let len = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?) as usize;
+            let bytes = buf.get(at + 4..at + 4 + len)?;
+            at += 4 + len;
+            Some(bytes)
+        };
+        Some((field()?, field()?))
+    })
+}
+
+/// The reading half of a copy: reads each table of the snapshot in key order, sums it up,
+/// and sends its rows in batches, while the calling thread inserts the previous batch.
+struct Reader<'a> {
+    from: &'a redb::ReadTransaction,
+    send: std::sync::mpsc::SyncSender<Batch>,
+    /// Batches the writing half is done with.
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    allocated: usize,
+    /// A batch taken and not sent (a table's rows ended at a batch's end).
+    unsent: Option<Vec<u8>>,
+    tables: Vec<TableDigest>,
+}
+
+/// The writing half stopped (it failed, and says why).
+fn writer_gone() -> StoreError {
+    StoreError::Io("the copy's writer stopped".to_string())
+}
+
+const READER_GONE: &str = "the copy's reader stopped";
+
+impl Reader<'_> {
+    fn batch(&mut self) -> Result<Vec<u8>, StoreError> {
+        if let Some(b) = self.unsent.take() {
+            return Ok(b);
+        }
+        if let Ok(b) = self.spare.try_recv() {
+            return Ok(b);
+        }
+        if self.allocated < COPY_BATCHES {
+            self.allocated += 1;
+            return Ok(Vec::with_capacity(COPY_BATCH_BYTES + COPY_BATCH_BYTES / 4));
+        }
+        self.spare.recv().map_err(|_| writer_gone())
+    }
+}
+
+impl TableVisitor for Reader<'_> {
     fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
         &mut self,
         def: redb::TableDefinition<K, V>,
@@ -259,41 +314,34 @@ impl TableVisitor for Copier<'_> {
         use redb::TableHandle;
         let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
         let src = self.from.open_table(raw).map_err(map_err)?;
-        let mut dst = self.to.open_table(raw).map_err(map_err)?;
         let mut digest = TableDigest::new(def.name());
         // The copy is complete in itself: no log belongs to it, and none ever matches it.
         let skip = (def.name() == META.name()).then_some(META_LOG_ID.as_bytes());
-        let mut rows = src.iter().map_err(map_err)?;
-        let mut more = true;
-        while more {
-            let mut run = dst
-                .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
-                .map_err(map_err)?;
-            let mut run_bytes = 0;
-            while run_bytes < COPY_RUN_BYTES {
-                let Some(item) = rows.next() else {
-                    more = false;
-                    break;
-                };
-                let (k, v) = item.map_err(map_err)?;
-                let (k, v) = (k.value(), v.value());
-                if skip == Some(k) {
-                    continue;
-                }
-                let before = self.stats.bytes;
-                self.stats.entries += 1;
-                self.stats.bytes += (k.len() + v.len()) as u64;
-                run_bytes += k.len() + v.len();
-                digest.add(k, v);
-                run.insert_before(k, v).map_err(map_err)?;
-                if before / RETURN_MEMORY_EVERY != self.stats.bytes / RETURN_MEMORY_EVERY {
-                    return_freed_memory();
-                }
-                (self.progress)(self.stats.entries);
+        let mut buf = self.batch()?;
+        for item in src.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (k, v) = (k.value(), v.value());
+            if skip == Some(k) {
+                continue;
             }
-            run.close().map_err(map_err)?;
+            digest.add(k, v);
+            put_row(&mut buf, k, v);
+            if buf.len() >= COPY_BATCH_BYTES {
+                self.send
+                    .send(Batch::Rows(buf))
+                    .map_err(|_| writer_gone())?;
+                buf = self.batch()?;
+            }
         }
-        self.stats.tables.push(digest);
+        if buf.is_empty() {
+            self.unsent = Some(buf);
+        } else {
+            self.send
+                .send(Batch::Rows(buf))
+                .map_err(|_| writer_gone())?;
+        }
+        self.send.send(Batch::End).map_err(|_| writer_gone())?;
+        self.tables.push(digest);
         Ok(())
     }
 
@@ -302,13 +350,71 @@ impl TableVisitor for Copier<'_> {
         def: redb::TableDefinition<K, V>,
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
-        self.to.open_table(def).map_err(map_err)?;
-        self.stats.tables.push(TableDigest::new(def.name()));
+        self.tables.push(TableDigest::new(def.name()));
         Ok(())
     }
 }
 
-/// Reads each table back as stored bytes and sums it up as `Copier` did.
+/// The writing half of a copy: inserts each batch through a cursor at the end of its table,
+/// which redb fills as one run packed into full leaves (one update of the tree's right edge
+/// per batch, where `insert` walked the tree down for every entry).
+struct Writer<'a> {
+    to: &'a redb::WriteTransaction,
+    recv: std::sync::mpsc::Receiver<Batch>,
+    spare: std::sync::mpsc::SyncSender<Vec<u8>>,
+    stats: CopyStats,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+/// The reading half stopped (it failed, and says why).
+fn reader_gone() -> StoreError {
+    StoreError::Io(READER_GONE.to_string())
+}
+
+impl TableVisitor for Writer<'_> {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        use redb::TableHandle;
+        let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
+        let mut dst = self.to.open_table(raw).map_err(map_err)?;
+        loop {
+            let mut buf = match self.recv.recv().map_err(|_| reader_gone())? {
+                Batch::Rows(buf) => buf,
+                Batch::End => return Ok(()),
+            };
+            let mut run = dst
+                .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                .map_err(map_err)?;
+            let before = self.stats.bytes;
+            for (k, v) in rows(&buf) {
+                self.stats.entries += 1;
+                self.stats.bytes += (k.len() + v.len()) as u64;
+                run.insert_before(k, v).map_err(map_err)?;
+            }
+            run.close().map_err(map_err)?;
+            if before / RETURN_MEMORY_EVERY != self.stats.bytes / RETURN_MEMORY_EVERY {
+                return_freed_memory();
+            }
+            (self.progress)(self.stats.entries);
+            buf.clear();
+            // Back to the reader for its next batch: no more than `COPY_BATCHES` exist, so
+            // there is room; this fails only when the reader is gone.
+            let _ = self.spare.try_send(buf);
+        }
+    }
+
+    fn empty<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        self.to.open_table(def).map_err(map_err)?;
+        Ok(())
+    }
+}
+
+/// Reads each table back as stored bytes and sums it up as `Reader` did.
 struct Digester<'a> {
     tx: &'a redb::ReadTransaction,
     tables: Vec<TableDigest>,
@@ -374,14 +480,50 @@ impl ReadTxn {
             .create_with_backend(backend)
             .map_err(map_err)?;
         let mut tx = db.begin_write().map_err(map_err)?;
-        let mut copier = Copier {
-            from: &self.tx,
-            to: &tx,
-            stats: CopyStats::default(),
-            progress,
+        // Two threads, as the machine has two cores: this one inserts a batch while the
+        // other reads the next. Both walk the same list of tables (`visit_tables`).
+        let (send, recv) = std::sync::mpsc::sync_channel(COPY_BATCHES);
+        let (spare_send, spare) = std::sync::mpsc::sync_channel(COPY_BATCHES);
+        let (read, written) = std::thread::scope(|scope| {
+            let reader = std::thread::Builder::new()
+                .name("copy-reader".to_string())
+                .spawn_scoped(scope, move || {
+                    let mut r = Reader {
+                        from: &self.tx,
+                        send,
+                        spare,
+                        allocated: 0,
+                        unsent: None,
+                        tables: Vec::new(),
+                    };
+                    visit_tables(self, &mut r).map(|()| r.tables)
+                });
+            let reader = match reader {
+                Ok(h) => h,
+                Err(e) => return (Err(StoreError::Io(e.to_string())), Err(reader_gone())),
+            };
+            let mut w = Writer {
+                to: &tx,
+                recv,
+                spare: spare_send,
+                stats: CopyStats::default(),
+                progress,
+            };
+            let written = visit_tables(self, &mut w).map(|()| std::mem::take(&mut w.stats));
+            // The reader sees the writer gone (its batches refused) and stops.
+            drop(w);
+            let read = reader
+                .join()
+                .unwrap_or_else(|_| Err(StoreError::Io("the copy's reader panicked".into())));
+            (read, written)
+        });
+        // A half that failed says why; the other only that it stopped.
+        let (tables, mut stats) = match (read, written) {
+            (Ok(t), Ok(s)) => (t, s),
+            (Err(e), Err(StoreError::Io(m))) if m == READER_GONE => return Err(e),
+            (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
         };
-        visit_tables(self, &mut copier)?;
-        let stats = copier.stats;
+        stats.tables = tables;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
