@@ -104,10 +104,10 @@ pub fn verify_copy_args(path: &Path, tables: &[String]) -> Result<()> {
 static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
 
 /// From now on this process checks the copies it writes in a child process. The check
-/// holds 14 bytes per inode, but history's index check decodes each history record whole
-/// (an import's record of a million files takes hundreds of megabytes); a daemon that did
-/// it in its own address space kept that high-water mark, and much of the memory, for the
-/// rest of its life.
+/// holds 14 bytes per inode (14 MiB at a million files), and the full check (`verify`: a
+/// copy that is not a byte copy) decodes each history record whole (an import's record of
+/// a million files takes hundreds of megabytes); a daemon that did it in its own address
+/// space kept that high-water mark, and much of the memory, for the rest of its life.
 pub fn check_copies_apart() {
     COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
 }
