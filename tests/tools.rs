@@ -1001,3 +1001,127 @@ fn snapshot_and_restore_refuse_a_store_with_a_damaged_chunk() {
         .collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
 }
+
+/// A snapshot's copy is checked against what was copied, table by table (entries, bytes and
+/// a CRC-32C of them, taken while copying): a copy changed after it was written is refused,
+/// whether redb's own page checksums see the change (a byte flipped in the file) or not (a
+/// table rewritten through redb, whose checksums then hold).
+#[test]
+fn a_copy_changed_after_writing_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    let pattern: Vec<u8> = b"copied-content-pattern-"
+        .iter()
+        .cycle()
+        .take(20_000)
+        .copied()
+        .collect();
+    let st = Store::open_or_create(&store, (0, 0)).unwrap();
+    let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
+    let me = redbfs::fs::Caller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    let (_, fh) = fs
+        .create(me, ROOT_INO, b"notes.md", 0o600, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.write(me, fh, 0, &pattern).unwrap();
+    fs.release(fh).unwrap();
+    let copy = |name: &str| {
+        let out = dir.path().join(name);
+        let stats = fs
+            .store()
+            .read()
+            .unwrap()
+            .copy_to(&out, &mut |_| {})
+            .unwrap();
+        let args: Vec<String> = stats.tables.iter().map(|t| t.to_arg()).collect();
+        assert!(args.len() >= 10, "{args:?}");
+        (out, args)
+    };
+    // An intact copy passes.
+    let (intact, args) = copy("intact.redb");
+    redbfs::tools::verify_copy_args(&intact, &args).unwrap();
+
+    // One bit flipped in the file: redb's integrity check or the table's digest refuses it.
+    let (flipped, args) = copy("flipped.redb");
+    let mut bytes = std::fs::read(&flipped).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern.as_slice())
+        .expect("the content is in the copy");
+    bytes[at + 10_000] ^= 0x04;
+    std::fs::write(&flipped, &bytes).unwrap();
+    let e = redbfs::tools::verify_copy_args(&flipped, &args).unwrap_err();
+    assert!(
+        e.contains("repair") || e.contains("orrupt") || e.contains("damaged"),
+        "{e}"
+    );
+
+    // One entry added through redb: every page checksum holds, the digest does not.
+    let (rewritten, args) = copy("rewritten.redb");
+    {
+        let db = redb::Database::open(&rewritten).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(redb::TableDefinition::<&str, u64>::new("marks"))
+            .unwrap()
+            .insert("stray", 7)
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    let e = redbfs::tools::verify_copy_args(&rewritten, &args).unwrap_err();
+    assert!(e.contains("table marks") && e.contains("damaged"), "{e}");
+
+    // A table left out of the copy (here: a digest the copy does not match in count).
+    let (intact2, mut args) = copy("short.redb");
+    args.pop();
+    let e = redbfs::tools::verify_copy_args(&intact2, &args).unwrap_err();
+    assert!(e.contains("damaged"), "{e}");
+    // A digest that does not parse is refused, not ignored.
+    assert!(redbfs::tools::verify_copy_args(&intact2, &["marks".to_string()]).is_err());
+}
+
+/// `snapshot --path` writes a store of that directory alone (written with a copy's small
+/// cache, checked whole): its root holds what lay below the directory, content included.
+#[test]
+fn snapshot_of_a_directory_is_a_store_of_its_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    {
+        let st = Store::open_or_create(&store, (0, 0)).unwrap();
+        let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
+        let me = redbfs::fs::Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let users = fs.mkdir(me, ROOT_INO, b"users", 0o755, 0).unwrap();
+        let u7 = fs.mkdir(me, users.ino, b"u7", 0o700, 0).unwrap();
+        for (parent, name, body) in [
+            (u7.ino, &b"notes.md"[..], &b"seven"[..]),
+            (users.ino, b"other.md", b"not copied"),
+        ] {
+            let (_, fh) = fs
+                .create(me, parent, name, 0o600, 0, libc::O_WRONLY)
+                .unwrap();
+            fs.write(me, fh, 0, body).unwrap();
+            fs.release(fh).unwrap();
+        }
+    }
+    let out = dir.path().join("u7.redb");
+    ok(redbfs(&[
+        "snapshot",
+        s(&store),
+        s(&out),
+        "--path",
+        "/users/u7",
+    ]));
+    assert_eq!(ok(redbfs(&["cat", s(&out), "/notes.md"])), "seven");
+    let listed = ok(redbfs(&["ls", s(&out), "/"]));
+    assert!(
+        listed.contains("notes.md") && !listed.contains("other"),
+        "{listed}"
+    );
+    ok(redbfs(&["check", s(&out)]));
+}

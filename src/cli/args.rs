@@ -240,6 +240,9 @@ pub(super) struct Check {
 #[derive(Args, Debug)]
 pub(super) struct VerifyCopy {
     pub path: PathBuf,
+    /// What each table of the copy must hold: `name:entries:bytes:crc32c`, in order.
+    #[arg(long = "table")]
+    pub tables: Vec<String>,
 }
 
 #[derive(Args, Debug)]

@@ -96,7 +96,7 @@ fn run(cmd: Cmd) -> Result<i32, String> {
         Cmd::Quota(a) => inspect::quota(a),
         Cmd::Stats(a) => inspect::stats(a),
         Cmd::Snapshot(a) => transfer::snapshot(a),
-        Cmd::VerifyCopy(a) => crate::tools::verify(&a.path).map(|()| 0),
+        Cmd::VerifyCopy(a) => crate::tools::verify_copy_args(&a.path, &a.tables).map(|()| 0),
         Cmd::Restore(a) if a.from.is_some() => replica::restore_from(a),
         Cmd::Restore(a) => transfer::restore(a),
         Cmd::Replica(a) => replica::run(a),

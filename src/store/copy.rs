@@ -2,7 +2,10 @@
 //!
 //! Invariant kept here: a copy is complete in itself, written in one transaction and synced
 //! to disk once it is whole, with no write-ahead log belonging to it. Tables are copied as
-//! their stored bytes, in key order: nothing is decoded or encoded on the way.
+//! their stored bytes, in key order: nothing is decoded or encoded on the way. What each
+//! table held as it was read is summed up in a `TableDigest`, which `table_digests` computes
+//! again from the copy: equal digests mean the copy holds what was read, table by table.
+//! A copy runs on two threads: one reads the snapshot, the other writes the copy.
 
 use std::path::Path;
 
@@ -13,19 +16,75 @@ use super::schema::*;
 use super::{StoreError, map_err, return_freed_memory};
 
 /// What a copy wrote.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct CopyStats {
     /// Records copied, over all tables.
     pub entries: u64,
     /// Bytes of keys and values copied.
     pub bytes: u64,
+    /// What each table copied held, in the order copied (empty for a copy made otherwise).
+    #[serde(skip)]
+    pub tables: Vec<TableDigest>,
+}
+
+/// What one table holds, as stored: its entries, their bytes, and a CRC-32C of them in key
+/// order (each key and each value preceded by its length, 4 bytes little-endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableDigest {
+    pub name: String,
+    pub entries: u64,
+    pub bytes: u64,
+    pub crc: u32,
+}
+
+impl TableDigest {
+    fn new(name: &str) -> TableDigest {
+        TableDigest {
+            name: name.to_string(),
+            entries: 0,
+            bytes: 0,
+            crc: 0,
+        }
+    }
+
+    fn add(&mut self, k: &[u8], v: &[u8]) {
+        self.entries += 1;
+        self.bytes += (k.len() + v.len()) as u64;
+        let mut crc = crc32c::crc32c_append(self.crc, &(k.len() as u32).to_le_bytes());
+        crc = crc32c::crc32c_append(crc, k);
+        crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
+        self.crc = crc32c::crc32c_append(crc, v);
+    }
+
+    /// `name:entries:bytes:crc`, one argument of `verify-copy`.
+    pub fn to_arg(&self) -> String {
+        format!(
+            "{}:{}:{}:{:08x}",
+            self.name, self.entries, self.bytes, self.crc
+        )
+    }
+
+    /// The inverse of `to_arg`.
+    pub fn from_arg(arg: &str) -> Option<TableDigest> {
+        let mut it = arg.rsplitn(4, ':');
+        let crc = u32::from_str_radix(it.next()?, 16).ok()?;
+        let bytes = it.next()?.parse().ok()?;
+        let entries = it.next()?.parse().ok()?;
+        let name = it.next()?.to_string();
+        Some(TableDigest {
+            name,
+            entries,
+            bytes,
+            crc,
+        })
+    }
 }
 
 /// redb's cache for the file a copy writes (its write buffer is half of it). The copy is
 /// written once, in key order: only the right edge of each table is written again, a few
 /// pages deep, so 1 MiB costs no more CPU than 8 did and keeps 7 MiB out of the daemon's
 /// peak during a snapshot.
-const COPY_CACHE_BYTES: usize = 1024 * 1024;
+pub(super) const COPY_CACHE_BYTES: usize = 1024 * 1024;
 
 /// A copy hands the heap's free pages back to the system after each this many bytes copied.
 /// Reading a store through its cache replaces the cached pages as it goes; when the pages
@@ -127,38 +186,279 @@ impl redb::StorageBackend for SyncedOnce {
     }
 }
 
-/// Copies one table as stored bytes, in key order.
-fn copy_table<K, V>(
-    from: &redb::ReadTransaction,
-    to: &redb::WriteTransaction,
-    def: redb::TableDefinition<K, V>,
-    stats: &mut CopyStats,
-    progress: &mut dyn FnMut(u64),
-) -> Result<(), StoreError>
-where
-    K: redb::Key + 'static,
-    V: redb::Value + 'static,
-{
-    use redb::TableHandle;
-    let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
-    let src = from.open_table(raw).map_err(map_err)?;
-    let mut dst = to.open_table(raw).map_err(map_err)?;
-    for item in src.iter().map_err(map_err)? {
-        let (k, v) = item.map_err(map_err)?;
-        let (k, v) = (k.value(), v.value());
-        let before = stats.bytes;
-        stats.entries += 1;
-        stats.bytes += (k.len() + v.len()) as u64;
-        dst.insert(k, v).map_err(map_err)?;
-        if before / RETURN_MEMORY_EVERY != stats.bytes / RETURN_MEMORY_EVERY {
-            return_freed_memory();
-        }
-        progress(stats.entries);
+/// The tables of a store, in the order a copy writes them, each with its type: what a copy
+/// writes and what `table_digests` reads back go through the same list.
+trait TableVisitor {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError>;
+
+    /// A table the source lacks and the copy gets empty (history's parts, in a format-5
+    /// store read as it is).
+    fn empty<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError>;
+}
+
+/// Calls `v` on every table of the snapshot `r` that a copy holds.
+fn visit_tables(r: &ReadTxn, v: &mut impl TableVisitor) -> Result<(), StoreError> {
+    v.table(META)?;
+    v.table(INODES)?;
+    v.table(DIRENTS)?;
+    v.table(FILEMAP)?;
+    v.table(BLOBS)?;
+    v.table(ORPHANS)?;
+    v.table(BLOBREFS)?;
+    v.table(HISTORY)?;
+    // A format-5 store read as it is has no parts table (its records are whole): the copy
+    // gets an empty one.
+    match r.tx.open_table(HISTORY_UNDO) {
+        Err(redb::TableError::TableDoesNotExist(_)) => v.empty(HISTORY_UNDO)?,
+        _ => v.table(HISTORY_UNDO)?,
+    }
+    v.table(MARKS)?;
+    v.table(REDACTED)?;
+    if r.has_deltas_table()? {
+        v.table(DELTAS)?;
+        v.table(BLOB_DELTAS)?;
+    }
+    v.table(HISTORY_KEYS)?;
+    v.table(HISTORY_PATHS)?;
+    v.table(HISTORY_TIMES)?;
+    if r.subtree_current()? {
+        v.table(SUBTREE)?;
+    }
+    if r.has_quota_index()? {
+        v.table(QUOTAS)?;
     }
     Ok(())
 }
 
+/// The rows of a table travel from the thread that reads the snapshot to the one that writes
+/// the copy in batches of about this many bytes (each key and value after its length, 4 bytes
+/// little-endian), at most `COPY_BATCHES` of them allocated: what a copy holds in flight
+/// stays near a MiB however large the store.
+const COPY_BATCH_BYTES: usize = 256 * 1024;
+const COPY_BATCHES: usize = 3;
+
+/// What the reading thread sends: rows of the table being copied, or the end of it.
+enum Batch {
+    Rows(Vec<u8>),
+    End,
+}
+
+fn put_row(buf: &mut Vec<u8>, k: &[u8], v: &[u8]) {
+    buf.extend_from_slice(&(k.len() as u32).to_le_bytes());
+    buf.extend_from_slice(k);
+    buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    buf.extend_from_slice(v);
+}
+
+/// The rows `put_row` wrote into `buf`, in order.
+fn rows(buf: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let mut field = || {
+            let len = u32::from_le_bytes(buf.get(at..at + 4)?.try_into().ok()?) as usize;
+            let bytes = buf.get(at + 4..at + 4 + len)?;
+            at += 4 + len;
+            Some(bytes)
+        };
+        Some((field()?, field()?))
+    })
+}
+
+/// The reading half of a copy: reads each table of the snapshot in key order, sums it up,
+/// and sends its rows in batches, while the calling thread inserts the previous batch.
+struct Reader<'a> {
+    from: &'a redb::ReadTransaction,
+    send: std::sync::mpsc::SyncSender<Batch>,
+    /// Batches the writing half is done with.
+    spare: std::sync::mpsc::Receiver<Vec<u8>>,
+    allocated: usize,
+    /// A batch taken and not sent (a table's rows ended at a batch's end).
+    unsent: Option<Vec<u8>>,
+    tables: Vec<TableDigest>,
+}
+
+/// The writing half stopped (it failed, and says why).
+fn writer_gone() -> StoreError {
+    StoreError::Io("the copy's writer stopped".to_string())
+}
+
+const READER_GONE: &str = "the copy's reader stopped";
+
+impl Reader<'_> {
+    fn batch(&mut self) -> Result<Vec<u8>, StoreError> {
+        if let Some(b) = self.unsent.take() {
+            return Ok(b);
+        }
+        if let Ok(b) = self.spare.try_recv() {
+            return Ok(b);
+        }
+        if self.allocated < COPY_BATCHES {
+            self.allocated += 1;
+            return Ok(Vec::with_capacity(COPY_BATCH_BYTES + COPY_BATCH_BYTES / 4));
+        }
+        self.spare.recv().map_err(|_| writer_gone())
+    }
+}
+
+impl TableVisitor for Reader<'_> {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        use redb::TableHandle;
+        let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
+        let src = self.from.open_table(raw).map_err(map_err)?;
+        let mut digest = TableDigest::new(def.name());
+        // The copy is complete in itself: no log belongs to it, and none ever matches it.
+        let skip = (def.name() == META.name()).then_some(META_LOG_ID.as_bytes());
+        let mut buf = self.batch()?;
+        for item in src.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            let (k, v) = (k.value(), v.value());
+            if skip == Some(k) {
+                continue;
+            }
+            digest.add(k, v);
+            put_row(&mut buf, k, v);
+            if buf.len() >= COPY_BATCH_BYTES {
+                self.send
+                    .send(Batch::Rows(buf))
+                    .map_err(|_| writer_gone())?;
+                buf = self.batch()?;
+            }
+        }
+        if buf.is_empty() {
+            self.unsent = Some(buf);
+        } else {
+            self.send
+                .send(Batch::Rows(buf))
+                .map_err(|_| writer_gone())?;
+        }
+        self.send.send(Batch::End).map_err(|_| writer_gone())?;
+        self.tables.push(digest);
+        Ok(())
+    }
+
+    fn empty<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        use redb::TableHandle;
+        self.tables.push(TableDigest::new(def.name()));
+        Ok(())
+    }
+}
+
+/// The writing half of a copy: inserts each batch through a cursor at the end of its table,
+/// which redb fills as one run packed into full leaves (one update of the tree's right edge
+/// per batch, where `insert` walked the tree down for every entry).
+struct Writer<'a> {
+    to: &'a redb::WriteTransaction,
+    recv: std::sync::mpsc::Receiver<Batch>,
+    spare: std::sync::mpsc::SyncSender<Vec<u8>>,
+    stats: CopyStats,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+/// The reading half stopped (it failed, and says why).
+fn reader_gone() -> StoreError {
+    StoreError::Io(READER_GONE.to_string())
+}
+
+impl TableVisitor for Writer<'_> {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        use redb::TableHandle;
+        let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
+        let mut dst = self.to.open_table(raw).map_err(map_err)?;
+        loop {
+            let mut buf = match self.recv.recv().map_err(|_| reader_gone())? {
+                Batch::Rows(buf) => buf,
+                Batch::End => return Ok(()),
+            };
+            let mut run = dst
+                .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                .map_err(map_err)?;
+            let before = self.stats.bytes;
+            for (k, v) in rows(&buf) {
+                self.stats.entries += 1;
+                self.stats.bytes += (k.len() + v.len()) as u64;
+                run.insert_before(k, v).map_err(map_err)?;
+            }
+            run.close().map_err(map_err)?;
+            if before / RETURN_MEMORY_EVERY != self.stats.bytes / RETURN_MEMORY_EVERY {
+                return_freed_memory();
+            }
+            (self.progress)(self.stats.entries);
+            buf.clear();
+            // Back to the reader for its next batch: no more than `COPY_BATCHES` exist, so
+            // there is room; this fails only when the reader is gone.
+            let _ = self.spare.try_send(buf);
+        }
+    }
+
+    fn empty<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        self.to.open_table(def).map_err(map_err)?;
+        Ok(())
+    }
+}
+
+/// Reads each table back as stored bytes and sums it up as `Reader` did.
+struct Digester<'a> {
+    tx: &'a redb::ReadTransaction,
+    tables: Vec<TableDigest>,
+}
+
+impl TableVisitor for Digester<'_> {
+    fn table<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        use redb::TableHandle;
+        let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
+        let t = self.tx.open_table(raw).map_err(map_err)?;
+        let mut digest = TableDigest::new(def.name());
+        for item in t.iter().map_err(map_err)? {
+            let (k, v) = item.map_err(map_err)?;
+            digest.add(k.value(), v.value());
+        }
+        self.tables.push(digest);
+        Ok(())
+    }
+
+    fn empty<K: redb::Key + 'static, V: redb::Value + 'static>(
+        &mut self,
+        def: redb::TableDefinition<K, V>,
+    ) -> Result<(), StoreError> {
+        self.table(def)
+    }
+}
+
 impl ReadTxn {
+    /// What each table a copy holds holds, read in key order as stored bytes, in the order
+    /// `copy_to` copies them; plus the number of tables in the store (a copy holds no
+    /// others).
+    pub fn table_digests(&self) -> Result<(Vec<TableDigest>, usize), StoreError> {
+        let mut d = Digester {
+            tx: &self.tx,
+            tables: Vec::new(),
+        };
+        visit_tables(self, &mut d)?;
+        let all = self.tx.list_tables().map_err(map_err)?.count();
+        Ok((d.tables, all))
+    }
+
     /// Writes everything this snapshot sees into a new store file at `out` (which must not
     /// exist), committed durably. `progress` is called with the records copied so far.
     pub fn copy_to(
@@ -180,43 +480,50 @@ impl ReadTxn {
             .create_with_backend(backend)
             .map_err(map_err)?;
         let mut tx = db.begin_write().map_err(map_err)?;
-        let mut stats = CopyStats::default();
-        copy_table(&self.tx, &tx, META, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, INODES, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, DIRENTS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, FILEMAP, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, BLOBS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, ORPHANS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, BLOBREFS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, HISTORY, &mut stats, progress)?;
-        // A format-5 store read as it is has no parts table (its records are whole): the
-        // copy gets an empty one.
-        match self.tx.open_table(HISTORY_UNDO) {
-            Err(redb::TableError::TableDoesNotExist(_)) => {
-                tx.open_table(HISTORY_UNDO).map_err(map_err)?;
-            }
-            _ => copy_table(&self.tx, &tx, HISTORY_UNDO, &mut stats, progress)?,
-        }
-        copy_table(&self.tx, &tx, MARKS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, REDACTED, &mut stats, progress)?;
-        if self.has_deltas_table()? {
-            copy_table(&self.tx, &tx, DELTAS, &mut stats, progress)?;
-            copy_table(&self.tx, &tx, BLOB_DELTAS, &mut stats, progress)?;
-        }
-        copy_table(&self.tx, &tx, HISTORY_KEYS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, HISTORY_PATHS, &mut stats, progress)?;
-        copy_table(&self.tx, &tx, HISTORY_TIMES, &mut stats, progress)?;
-        if self.subtree_current()? {
-            copy_table(&self.tx, &tx, SUBTREE, &mut stats, progress)?;
-        }
-        if self.has_quota_index()? {
-            copy_table(&self.tx, &tx, QUOTAS, &mut stats, progress)?;
-        }
-        // The copy is complete in itself: no log belongs to it, and none ever matches it.
-        tx.open_table(META)
-            .map_err(map_err)?
-            .remove(META_LOG_ID)
-            .map_err(map_err)?;
+        // Two threads, as the machine has two cores: this one inserts a batch while the
+        // other reads the next. Both walk the same list of tables (`visit_tables`).
+        let (send, recv) = std::sync::mpsc::sync_channel(COPY_BATCHES);
+        let (spare_send, spare) = std::sync::mpsc::sync_channel(COPY_BATCHES);
+        let (read, written) = std::thread::scope(|scope| {
+            let reader = std::thread::Builder::new()
+                .name("copy-reader".to_string())
+                .spawn_scoped(scope, move || {
+                    let mut r = Reader {
+                        from: &self.tx,
+                        send,
+                        spare,
+                        allocated: 0,
+                        unsent: None,
+                        tables: Vec::new(),
+                    };
+                    visit_tables(self, &mut r).map(|()| r.tables)
+                });
+            let reader = match reader {
+                Ok(h) => h,
+                Err(e) => return (Err(StoreError::Io(e.to_string())), Err(reader_gone())),
+            };
+            let mut w = Writer {
+                to: &tx,
+                recv,
+                spare: spare_send,
+                stats: CopyStats::default(),
+                progress,
+            };
+            let written = visit_tables(self, &mut w).map(|()| std::mem::take(&mut w.stats));
+            // The reader sees the writer gone (its batches refused) and stops.
+            drop(w);
+            let read = reader
+                .join()
+                .unwrap_or_else(|_| Err(StoreError::Io("the copy's reader panicked".into())));
+            (read, written)
+        });
+        // A half that failed says why; the other only that it stopped.
+        let (tables, mut stats) = match (read, written) {
+            (Ok(t), Ok(s)) => (t, s),
+            (Err(e), Err(StoreError::Io(m))) if m == READER_GONE => return Err(e),
+            (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
+        };
+        stats.tables = tables;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;

@@ -23,6 +23,18 @@ impl Store {
         Store::open_on(disk::Disk::Host, path, root_owner)
     }
 
+    /// `open_or_create` for a store that is written once and closed (`snapshot --path`'s):
+    /// with the small cache of a copy (`COPY_CACHE_BYTES`), not a mounted store's, so
+    /// writing it inside the daemon adds about a MiB to the daemon's memory, not 32.
+    pub fn create_for_copy(path: &Path, root_owner: (u32, u32)) -> Result<Store, StoreError> {
+        Store::open_with_cache(
+            disk::Disk::Host,
+            path,
+            root_owner,
+            super::copy::COPY_CACHE_BYTES,
+        )
+    }
+
     /// `open_or_create` on `disk`: the power-cut tests open stores on a simulated disk.
     #[doc(hidden)]
     pub fn open_on(
@@ -30,11 +42,20 @@ impl Store {
         path: &Path,
         root_owner: (u32, u32),
     ) -> Result<Store, StoreError> {
+        // Bounds the daemon's memory: the store's hot pages, not the whole file.
+        Store::open_with_cache(disk, path, root_owner, CACHE_BYTES)
+    }
+
+    fn open_with_cache(
+        disk: disk::Disk,
+        path: &Path,
+        root_owner: (u32, u32),
+        cache_bytes: usize,
+    ) -> Result<Store, StoreError> {
         crate::private::check_store_dir(path).map_err(StoreError::Refused)?;
         let exists = disk.exists(path);
         let mut builder = Database::builder();
-        // Bounds the daemon's memory: the store's hot pages, not the whole file.
-        builder.set_cache_size(CACHE_BYTES);
+        builder.set_cache_size(cache_bytes);
         let repaired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = repaired.clone();
         builder.set_repair_callback(move |_| flag.store(true, Ordering::Relaxed));

@@ -11,7 +11,9 @@ use super::common::{Result, err};
 use crate::private::parent_dir;
 use crate::store::disk::Disk;
 use crate::store::schema::{META_LIMITS, META_REPLICA_GENERATIONS, META_REPLICAS};
-use crate::store::{CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, now_ns};
+use crate::store::{
+    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, TableDigest, now_ns,
+};
 
 /// What `snapshot` reports.
 #[derive(Clone, Debug, Serialize)]
@@ -40,14 +42,72 @@ pub fn verify(path: &Path) -> Result<()> {
     no_findings(&s.read().map_err(err)?, path)
 }
 
+/// Checks a copy `copy_to` just wrote against what it read (`tables`, in the order copied):
+/// redb's integrity check (every page's checksum, the file opened read-only), then every
+/// table read back whole and found to hold the same entries, bytes and CRC-32C as the
+/// snapshot it was copied from, and no other table; then the invariants, but for the
+/// re-derivation of history's indexes (see `check::invariants_of_copy`). A copy made
+/// otherwise (`tables` empty) gets all of `verify`.
+fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
+    if tables.is_empty() {
+        return verify(path);
+    }
+    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+    if !s.check_integrity().map_err(err)? {
+        return Err(format!("{}: redb had to repair the file", path.display()));
+    }
+    let r = s.read().map_err(err)?;
+    let (found, all) = r.table_digests().map_err(err)?;
+    for (want, got) in tables.iter().zip(&found) {
+        if want != got {
+            return Err(format!(
+                "{}: table {} of the copy holds {} entries, {} bytes (CRC-32C {:08x}) where {} entries, {} bytes ({:08x}) were copied; the copy is damaged",
+                path.display(),
+                want.name,
+                got.entries,
+                got.bytes,
+                got.crc,
+                want.entries,
+                want.bytes,
+                want.crc
+            ));
+        }
+    }
+    if found.len() != tables.len() || all != tables.len() {
+        return Err(format!(
+            "{}: the copy holds {all} tables where {} were copied; the copy is damaged",
+            path.display(),
+            tables.len()
+        ));
+    }
+    let findings = crate::check::invariants_of_copy(&r).map_err(err)?;
+    if let Some(f) = findings.first() {
+        return Err(format!(
+            "{}: {f} ({} findings)",
+            path.display(),
+            findings.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `redbfs verify-copy PATH --table D...`: `verify_copy_here` in the child a daemon starts.
+pub fn verify_copy_args(path: &Path, tables: &[String]) -> Result<()> {
+    let tables = tables
+        .iter()
+        .map(|t| TableDigest::from_arg(t).ok_or_else(|| format!("{t}: not a table digest")))
+        .collect::<Result<Vec<_>>>()?;
+    verify_copy_here(path, &tables)
+}
+
 /// Set once a process serves a mount: see `verify_copy`.
 static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
 
 /// From now on this process checks the copies it writes in a child process. The check
-/// holds 14 bytes per inode, but history's index check decodes each history record whole
-/// (an import's record of a million files takes hundreds of megabytes); a daemon that did
-/// it in its own address space kept that high-water mark, and much of the memory, for the
-/// rest of its life.
+/// holds 14 bytes per inode (14 MiB at a million files), and the full check (`verify`: a
+/// copy that is not a byte copy) decodes each history record whole (an import's record of
+/// a million files takes hundreds of megabytes); a daemon that did it in its own address
+/// space kept that high-water mark, and much of the memory, for the rest of its life.
 pub fn check_copies_apart() {
     COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
 }
@@ -55,16 +115,21 @@ pub fn check_copies_apart() {
 /// The hidden command a child runs to check a copy (`redbfs verify-copy PATH`).
 const VERIFY_COPY_COMMAND: &str = "verify-copy";
 
-/// Checks a copy this process just wrote, as `verify` does; in a child process of this
+/// Checks a copy this process just wrote (`verify_copy_here`); in a child process of this
 /// same program once `check_copies_apart` was called. A child that cannot be started
 /// (no `/proc`, say) leaves the check to this process, as before.
-fn verify_copy(path: &Path) -> Result<()> {
+fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if !COPIES_CHECKED_APART.load(Ordering::Relaxed) {
-        return verify(path);
+        return verify_copy_here(path, tables);
     }
     let child = std::process::Command::new("/proc/self/exe")
         .arg(VERIFY_COPY_COMMAND)
         .arg(path)
+        .args(
+            tables
+                .iter()
+                .flat_map(|t| ["--table".to_string(), t.to_arg()]),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -86,7 +151,7 @@ fn verify_copy(path: &Path) -> Result<()> {
         }
         Err(e) => {
             tracing::warn!(error = %e, "no process to check the copy in; checking it here");
-            verify(path)
+            verify_copy_here(path, tables)
         }
     }
 }
@@ -164,7 +229,7 @@ pub fn snapshot_subtree(
             "{path}: not a directory; snapshot --path takes a directory"
         ));
     }
-    // `Store::open_or_create` makes the file 0600 and O_EXCL|O_NOFOLLOW.
+    // `Store::create_for_copy` makes the file 0600 and O_EXCL|O_NOFOLLOW.
     write_snapshot(out, |tmp| copy_subtree(r, &top, tmp, progress))
 }
 
@@ -175,7 +240,8 @@ fn copy_subtree(
     out: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<CopyStats> {
-    let s = Store::open_or_create(out, (top.uid, top.gid)).map_err(err)?;
+    // The copy is written once: the small cache of a copy, not a mounted store's.
+    let s = Store::create_for_copy(out, (top.uid, top.gid)).map_err(err)?;
     let mut w = s.write().map_err(err)?;
     w.without_history();
     if let Some(limits) = r.meta_bytes(META_LIMITS).map_err(err)? {
@@ -271,7 +337,7 @@ fn write_snapshot(
     };
     // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW, and synced it.
     let finish = || -> Result<()> {
-        verify_copy(&tmp)?;
+        verify_copy(&tmp, &stats.tables)?;
         // Never replaces what appeared at `out` meanwhile.
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
