@@ -937,6 +937,28 @@ fn history_costs_an_import_that_only_creates_next_to_nothing() {
     assert_eq!(ok(redbfs(&["ls", s(&on_store), "/"])).trim(), "");
 }
 
+/// 20,000 bytes of `seed` over and over: content found again by searching the store's bytes.
+fn pattern_of(seed: &[u8]) -> Vec<u8> {
+    seed.iter().cycle().take(20_000).copied().collect()
+}
+
+/// A new store at `store` holding `/notes.md` with `content`, open.
+fn store_with_file(store: &Path, content: &[u8]) -> redbfs::fs::Fs {
+    let st = Store::open_or_create(store, (0, 0)).unwrap();
+    let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
+    let me = redbfs::fs::Caller {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    let (_, fh) = fs
+        .create(me, ROOT_INO, b"notes.md", 0o600, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.write(me, fh, 0, content).unwrap();
+    fs.release(fh).unwrap();
+    fs
+}
+
 /// `snapshot` and `restore` check what they write with fewer passes than they did (one
 /// opening of a restored copy, history's indexes merged rather than looked up entry by
 /// entry): a store with a damaged chunk (one bit flipped in a file's stored content) is still
@@ -945,26 +967,8 @@ fn history_costs_an_import_that_only_creates_next_to_nothing() {
 fn snapshot_and_restore_refuse_a_store_with_a_damaged_chunk() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s.redb");
-    let pattern: Vec<u8> = b"damaged-chunk-pattern-"
-        .iter()
-        .cycle()
-        .take(20_000)
-        .copied()
-        .collect();
-    {
-        let st = Store::open_or_create(&store, (0, 0)).unwrap();
-        let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
-        let me = redbfs::fs::Caller {
-            uid: 0,
-            gid: 0,
-            pid: 1,
-        };
-        let (_, fh) = fs
-            .create(me, ROOT_INO, b"notes.md", 0o600, 0, libc::O_WRONLY)
-            .unwrap();
-        fs.write(me, fh, 0, &pattern).unwrap();
-        fs.release(fh).unwrap();
-    }
+    let pattern = pattern_of(b"damaged-chunk-pattern-");
+    drop(store_with_file(&store, &pattern));
     let good = dir.path().join("good.redb");
     ok(redbfs(&["snapshot", s(&store), s(&good)]));
     // One bit flipped in the middle of every copy of the content, in the store and in its
@@ -1010,24 +1014,8 @@ fn snapshot_and_restore_refuse_a_store_with_a_damaged_chunk() {
 fn a_copy_changed_after_writing_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("s.redb");
-    let pattern: Vec<u8> = b"copied-content-pattern-"
-        .iter()
-        .cycle()
-        .take(20_000)
-        .copied()
-        .collect();
-    let st = Store::open_or_create(&store, (0, 0)).unwrap();
-    let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
-    let me = redbfs::fs::Caller {
-        uid: 0,
-        gid: 0,
-        pid: 1,
-    };
-    let (_, fh) = fs
-        .create(me, ROOT_INO, b"notes.md", 0o600, 0, libc::O_WRONLY)
-        .unwrap();
-    fs.write(me, fh, 0, &pattern).unwrap();
-    fs.release(fh).unwrap();
+    let pattern = pattern_of(b"copied-content-pattern-");
+    let fs = store_with_file(&store, &pattern);
     let copy = |name: &str| {
         let out = dir.path().join(name);
         let stats = fs

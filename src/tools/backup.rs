@@ -80,15 +80,7 @@ fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
             tables.len()
         ));
     }
-    let findings = crate::check::invariants_of_copy(&r).map_err(err)?;
-    if let Some(f) = findings.first() {
-        return Err(format!(
-            "{}: {f} ({} findings)",
-            path.display(),
-            findings.len()
-        ));
-    }
-    Ok(())
+    first_finding(crate::check::invariants_of_copy(&r).map_err(err)?, path)
 }
 
 /// `redbfs verify-copy PATH --table D...`: `verify_copy_here` in the child a daemon starts.
@@ -195,7 +187,11 @@ fn verify_open(s: &mut Store, path: &Path) -> Result<()> {
 }
 
 fn no_findings(r: &ReadTxn, path: &Path) -> Result<()> {
-    let findings = crate::check::invariants(r).map_err(err)?;
+    first_finding(crate::check::invariants(r).map_err(err)?, path)
+}
+
+/// Refuses what `check` found, naming the first finding and how many there are.
+fn first_finding(findings: Vec<String>, path: &Path) -> Result<()> {
     if let Some(f) = findings.first() {
         return Err(format!(
             "{}: {f} ({} findings)",
