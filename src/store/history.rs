@@ -1118,13 +1118,9 @@ impl WriteTxn<'_> {
         }
         fold.ops.reverse();
         // A mark names the point after a record: one among the folded ones would vanish.
-        let marks = self.tx.open_table(MARKS).map_err(map_err)?;
-        for item in marks.iter().map_err(map_err)? {
-            if item.map_err(map_err)?.1.value() >= oldest {
-                return Ok(None);
-            }
+        if self.marked()?.is_some_and(|m| m >= oldest) {
+            return Ok(None);
         }
-        drop(marks);
         // The create made the source: its first entry says it did not exist. No entry
         // keeps a blob (a fresh file's chunks had none before).
         let mut made = false;
@@ -1776,7 +1772,27 @@ impl WriteTxn<'_> {
             .insert(name, seq)
             .map_err(map_err)?;
         redo_put(&self.redo, MARKS, &name, &seq);
+        if self.marked()?.is_none_or(|m| seq > m) {
+            self.put_meta(META_MARKED, &seq.to_le_bytes())?;
+        }
         Ok(())
+    }
+
+    /// The highest seq a mark names, or was given (`META_MARKED`); without that key, read
+    /// from the marks themselves (there are none in a store that never had the key set).
+    pub(super) fn marked(&self) -> Result<Option<u64>, StoreError> {
+        if let Some(b) = self.meta_bytes(META_MARKED)? {
+            let b: [u8; 8] = b
+                .try_into()
+                .map_err(|_| StoreError::Corrupt("meta \"marked\" is not 8 bytes".into()))?;
+            return Ok(Some(u64::from_le_bytes(b)));
+        }
+        let marks = self.tx.open_table(MARKS).map_err(map_err)?;
+        let mut top = None;
+        for item in marks.iter().map_err(map_err)? {
+            top = top.max(Some(item.map_err(map_err)?.1.value()));
+        }
+        Ok(top)
     }
 }
 

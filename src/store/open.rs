@@ -252,6 +252,10 @@ impl Store {
     fn stamp_format_7(&self) -> Result<(), StoreError> {
         let mut w = self.write()?;
         w.without_history();
+        // The marks there are, summed up once (`META_MARKED`).
+        if let Some(m) = w.marked()? {
+            w.put_meta(META_MARKED, &m.to_le_bytes())?;
+        }
         w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), "store format 6 migrated to 7: new history records are written compactly, which earlier releases cannot read");
@@ -540,6 +544,7 @@ mod tests {
     }
 
     /// A store of format 6 is stamped 7 at open and reads as it was; read-only, as it is.
+    /// The highest seq its marks name is kept in `meta`, and a later mark raises it.
     #[test]
     fn a_format_6_store_is_stamped_7_at_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -548,6 +553,10 @@ mod tests {
             let store = Store::open_or_create(&path, (0, 0)).unwrap();
             let mut w = store.write().unwrap();
             w.put_chunk(7, 0, b"kept").unwrap();
+            // Marks as a format-6 store holds them: no summary beside them.
+            for (name, seq) in [("a", 5u64), ("b", 3)] {
+                w.tx.open_table(MARKS).unwrap().insert(name, seq).unwrap();
+            }
             w.put_meta(META_FORMAT, &6u64.to_le_bytes()).unwrap();
             w.commit(Sync::Durable).unwrap();
         }
@@ -564,5 +573,15 @@ mod tests {
         );
         let got = r.chunks(7, 0, 1).unwrap();
         assert_eq!(got[0].as_deref(), Some(&b"kept"[..]));
+        assert_eq!(r.meta_u64(META_MARKED).unwrap(), Some(5));
+        drop(r);
+        let mut w = store.write().unwrap();
+        w.without_history();
+        w.set_mark("c", 4).unwrap();
+        assert_eq!(w.marked().unwrap(), Some(5), "a lower mark leaves it");
+        w.set_mark("d", 9).unwrap();
+        w.commit(Sync::Durable).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(r.meta_u64(META_MARKED).unwrap(), Some(9));
     }
 }

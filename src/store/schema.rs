@@ -22,6 +22,8 @@
 //!                                       role a newer writer took from this store
 //!                                       "replica_roles" &[u8]: JSON, URL -> the epoch this
 //!                                       store last held there, its host and path
+//!                                       "marked" u64: no mark names a later record
+//!                                       (`META_MARKED`)
 //! inodes   u64 ino         -> &[u8]     an `Inode` record (below); ino 1 is the root
 //! dirents  (u64, &str)     -> (u64, u8) (parent ino, NFC name) -> (child ino, kind byte);
 //!                                       readdir is a range scan over one parent
@@ -326,6 +328,11 @@ pub(crate) const META_DIRS: &str = "dirs";
 pub(crate) const META_CONTENT_BYTES: &str = "content_bytes";
 pub(crate) const META_LAST_COMMIT: &str = "last_commit";
 pub(crate) const META_SUBTREE_SEQ: &str = "subtree_seq";
+/// u64: no mark names a later record than this one (the highest seq a mark was given): a
+/// rename asks whether a mark falls among the records it would fold in one read, not by
+/// reading every mark. Absent: no mark was set since the store was formatted or migrated
+/// to format 7, which sets it from the marks there were.
+pub(crate) const META_MARKED: &str = "marked";
 
 const INODE_RECORD_VERSION: u8 = 1;
 /// The compact record this build writes, which may also hold the file's chunk 0 (see
