@@ -359,6 +359,8 @@ fn run_daemon_inner(
     // Before any thread starts (the reclaimer, a replica's shipper, redb's): every thread
     // inherits the mask, so only the signal thread takes SIGTERM and unmounts cleanly.
     let sigs = block_signals()?;
+    // Also before any thread: one heap arena for all of them (see `one_heap_arena`).
+    crate::store::one_heap_arena();
     let mp = absolute(&req.mountpoint)?;
     let store_path = absolute(req.store.as_deref().unwrap_or(&default_store(&mp)))?;
     prepare_mountpoint(&mp, created)?;
