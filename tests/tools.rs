@@ -1070,6 +1070,40 @@ fn a_copy_changed_after_writing_is_refused() {
     assert!(redbfs::tools::verify_copy_args(&intact2, &["marks".to_string()]).is_err());
 }
 
+/// A copy's check runs redb's integrity check on a thread of its own beside the tables' sums
+/// and the invariants; the copy passes only if both do. When both find something (a bit
+/// flipped in a page, and sums that do not match), redb's finding is the one reported.
+#[test]
+fn a_copy_damaged_in_a_page_is_reported_by_redb_beside_the_sums() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    let pattern = pattern_of(b"checked-beside-pattern-");
+    let fs = store_with_file(&store, &pattern);
+    let out = dir.path().join("both.redb");
+    let stats = fs
+        .store()
+        .read()
+        .unwrap()
+        .copy_to(&out, &mut |_| {})
+        .unwrap();
+    let mut args: Vec<String> = stats.tables.iter().map(|t| t.to_arg()).collect();
+    redbfs::tools::verify_copy_args(&out, &args).unwrap();
+    let mut bytes = std::fs::read(&out).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern.as_slice())
+        .expect("the content is in the copy");
+    bytes[at + 10_000] ^= 0x04;
+    std::fs::write(&out, &bytes).unwrap();
+    // The sums of the first table (meta) no longer match either.
+    let (head, crc) = args[0].rsplit_once(':').unwrap();
+    let crc = u32::from_str_radix(crc, 16).unwrap() ^ 1;
+    args[0] = format!("{head}:{crc:08x}");
+    let e = redbfs::tools::verify_copy_args(&out, &args).unwrap_err();
+    assert!(e.contains("repair") || e.contains("orrupt"), "{e}");
+    assert!(!e.contains("table meta"), "redb's finding comes first: {e}");
+}
+
 /// `snapshot --path` writes a store of that directory alone (written with a copy's small
 /// cache, checked whole): its root holds what lay below the directory, content included.
 #[test]

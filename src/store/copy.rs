@@ -466,6 +466,20 @@ impl ReadTxn {
         out: &Path,
         progress: &mut dyn FnMut(u64),
     ) -> Result<CopyStats, StoreError> {
+        let (stats, file) = self.copy_to_unsynced(out, progress)?;
+        file.sync_all()
+            .map_err(|e| StoreError::Io(crate::private::describe(out, e)))?;
+        Ok(stats)
+    }
+
+    /// `copy_to`, but the finished file is not synced yet: the caller syncs the file handed
+    /// back (a snapshot does while the copy is checked) before anything relies on the copy
+    /// being on disk.
+    pub fn copy_to_unsynced(
+        &self,
+        out: &Path,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(CopyStats, std::fs::File), StoreError> {
         let file = crate::private::create_new(out)
             .map_err(|e| StoreError::Refused(crate::private::describe(out, e)))?;
         let synced = file
@@ -529,9 +543,6 @@ impl ReadTxn {
         tx.commit().map_err(map_err)?;
         drop(db);
         return_freed_memory();
-        synced
-            .sync_all()
-            .map_err(|e| StoreError::Io(crate::private::describe(out, e)))?;
-        Ok(stats)
+        Ok((stats, synced))
     }
 }

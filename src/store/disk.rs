@@ -130,8 +130,11 @@ impl Disk {
         }
     }
 
-    /// Copies `from` to a new private file `to` (never through a symlink) and syncs it.
-    pub fn copy_new(&self, from: &Path, to: &Path) -> Result<(), String> {
+    /// Copies `from` to a new private file `to` (never through a symlink). On the host the
+    /// copy is handed back unsynced: the caller syncs it before anything relies on it (a
+    /// restore does while it checks the copy). On a simulated disk it is synced here and
+    /// nothing is handed back.
+    pub fn copy_new_unsynced(&self, from: &Path, to: &Path) -> Result<Option<File>, String> {
         match self {
             Disk::Host => {
                 let mut out =
@@ -139,7 +142,7 @@ impl Disk {
                 let mut src = File::open(from).map_err(|e| format!("{}: {e}", from.display()))?;
                 std::io::copy(&mut src, &mut out)
                     .map_err(|e| format!("copying {}: {e}", from.display()))?;
-                out.sync_all().map_err(|e| format!("{}: {e}", to.display()))
+                Ok(Some(out))
             }
             Disk::Sim(d) => {
                 if d.exists(to) {
@@ -153,7 +156,8 @@ impl Disk {
                     .map_err(|e| format!("{}: {e}", to.display()))?;
                 let e = |e: std::io::Error| format!("{}: {e}", to.display());
                 out.write(0, &bytes).map_err(e)?;
-                out.sync().map_err(e)
+                out.sync().map_err(e)?;
+                Ok(None)
             }
         }
     }

@@ -33,6 +33,10 @@ impl Store {
     /// written: recovered (a write-ahead log beside it, or a file not closed cleanly) or
     /// migrated to this format. Refused with `AlreadyOpen` while a read-write process holds it.
     pub fn open_read_only(path: &Path) -> Result<Store, StoreError> {
+        Store::open_read_only_with_cache(path, CACHE_BYTES)
+    }
+
+    fn open_read_only_with_cache(path: &Path, cache_bytes: usize) -> Result<Store, StoreError> {
         let file = crate::private::open_read(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 StoreError::Io(format!("{}: no such store", path.display()))
@@ -45,7 +49,7 @@ impl Store {
             why,
         };
         let mut builder = Database::builder();
-        builder.set_cache_size(CACHE_BYTES);
+        builder.set_cache_size(cache_bytes);
         let backend = redb::backends::FileBackend::new(file).map_err(map_err)?;
         let db = builder
             .open_read_only_with_backend(backend)
@@ -113,10 +117,37 @@ pub struct ReadOnlyStore {
     copy: Option<tempfile::TempDir>,
 }
 
+/// The most a check's opening of a store caches (`check_cache_bytes`).
+const CHECK_CACHE_MAX: u64 = 64 * 1024 * 1024;
+
+/// redb's cache for an opening that reads the whole store file more than once (a check: the
+/// table digests then the invariants, or redb's integrity check, which verifies every page
+/// then walks them all again): the whole file up to `CHECK_CACHE_MAX`, and never less than a
+/// mounted store's. A file that fits is read from the kernel once per opening, where a cache
+/// smaller than the file evicted each page before the second pass came back to it (at
+/// 200,000 files a snapshot's check read its 38 MB copy four times, now twice). Only
+/// short-lived processes check (the child a daemon starts, `restore`, `check`), so the
+/// memory goes with them; the bound keeps a check of two openings side by side within
+/// 128 MiB however large the store.
+fn check_cache_bytes(path: &Path) -> usize {
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    (len + len / 8).clamp(CACHE_BYTES as u64, CHECK_CACHE_MAX) as usize
+}
+
 impl ReadOnlyStore {
     /// Opens the store at `path` without writing a byte to it or its log.
     pub fn open(path: &Path) -> Result<ReadOnlyStore, StoreError> {
-        let (store, copy) = match Store::open_read_only(path) {
+        ReadOnlyStore::open_with_cache(path, CACHE_BYTES)
+    }
+
+    /// `open`, with a cache that holds the whole file (up to a bound: `check_cache_bytes`)
+    /// for a check that reads it more than once.
+    pub fn open_to_check(path: &Path) -> Result<ReadOnlyStore, StoreError> {
+        ReadOnlyStore::open_with_cache(path, check_cache_bytes(path))
+    }
+
+    fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<ReadOnlyStore, StoreError> {
+        let (store, copy) = match Store::open_read_only_with_cache(path, cache_bytes) {
             Ok(store) => (store, None),
             Err(StoreError::NeedsWriting { .. }) => {
                 let (store, dir) = Store::private_copy(path)?;
@@ -154,14 +185,22 @@ impl ReadOnlyStore {
         if self.copy.is_some() {
             return self.store.check_integrity();
         }
-        let file = crate::private::open_read(&self.path)
-            .map_err(|e| StoreError::Io(crate::private::describe(&self.path, e)))?;
-        let overlay = Overlay::new(file).map_err(map_err)?;
-        let mut builder = redb::Database::builder();
-        builder.set_cache_size(CACHE_BYTES);
-        let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
-        db.check_integrity().map_err(map_err)
+        check_integrity_in_place(&self.path)
     }
+}
+
+/// redb's integrity check of the store file at `path`, read in place through an overlay
+/// that keeps whatever the check writes in memory: the file is read once and never written.
+/// It opens the file apart from any other opening, so it may run on a thread of its own
+/// while another reads the same file (`ReadOnlyStore::read`) meanwhile.
+pub fn check_integrity_in_place(path: &Path) -> Result<bool, StoreError> {
+    let file = crate::private::open_read(path)
+        .map_err(|e| StoreError::Io(crate::private::describe(path, e)))?;
+    let overlay = Overlay::new(file).map_err(map_err)?;
+    let mut builder = redb::Database::builder();
+    builder.set_cache_size(check_cache_bytes(path));
+    let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
+    db.check_integrity().map_err(map_err)
 }
 
 /// A file read in place, with every write kept in memory (in blocks of `OVERLAY_BLOCK`

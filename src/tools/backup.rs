@@ -35,52 +35,95 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 /// that keeps its writes in memory) plus every invariant. The file is opened read-only, so
 /// a snapshot's copy is left exactly as it was written and synced.
 pub fn verify(path: &Path) -> Result<()> {
-    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
-    if !s.check_integrity().map_err(err)? {
-        return Err(format!("{}: redb had to repair the file", path.display()));
+    let mut s = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
+    beside_integrity(&mut s, path, |r| no_findings(r, path))
+}
+
+/// Runs redb's integrity check of the store file at `path` (every page's checksum, the
+/// allocator state rebuilt from the trees and compared) and `check` of what `s` reads: each
+/// reads the whole file through an opening of its own, so the check runs on a thread of its
+/// own beside `check`, and on two cores both take about as long as the longer one. The file
+/// is good only if both say so; a panic in either is a failure, never a pass. redb's finding
+/// is reported first when both find something. A store read from a private copy (one that had
+/// to be recovered or migrated) is checked one after the other.
+fn beside_integrity<T>(
+    s: &mut crate::store::ReadOnlyStore,
+    path: &Path,
+    check: impl FnOnce(&ReadTxn) -> Result<T>,
+) -> Result<T> {
+    let repaired = || format!("{}: redb had to repair the file", path.display());
+    let in_place = || crate::store::check_integrity_in_place(path).map_err(err);
+    if s.is_private_copy() {
+        if !s.check_integrity().map_err(err)? {
+            return Err(repaired());
+        }
+        return check(&s.read().map_err(err)?);
     }
-    no_findings(&s.read().map_err(err)?, path)
+    let s = &*s;
+    let (clean, found) = std::thread::scope(|scope| {
+        let integrity = std::thread::Builder::new()
+            .name("check-integrity".to_string())
+            .spawn_scoped(scope, in_place);
+        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check(&s.read().map_err(err)?)
+        }))
+        .unwrap_or_else(|_| Err(format!("{}: the check of the file failed", path.display())));
+        let clean = match integrity {
+            Ok(h) => h.join().unwrap_or_else(|_| {
+                Err(format!(
+                    "{}: redb's integrity check of the file failed",
+                    path.display()
+                ))
+            }),
+            // No thread to run it on: here, after `check`.
+            Err(_) => in_place(),
+        };
+        (clean, found)
+    });
+    match clean {
+        Ok(true) => found,
+        Ok(false) => Err(repaired()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Checks a copy `copy_to` just wrote against what it read (`tables`, in the order copied):
-/// redb's integrity check (every page's checksum, the file opened read-only), then every
-/// table read back whole and found to hold the same entries, bytes and CRC-32C as the
-/// snapshot it was copied from, and no other table; then the invariants, but for the
+/// redb's integrity check (every page's checksum, the file opened read-only), and beside it
+/// every table read back whole and found to hold the same entries, bytes and CRC-32C as the
+/// snapshot it was copied from, and no other table, then the invariants but for the
 /// re-derivation of history's indexes (see `check::invariants_of_copy`). A copy made
 /// otherwise (`tables` empty) gets all of `verify`.
 fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if tables.is_empty() {
         return verify(path);
     }
-    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
-    if !s.check_integrity().map_err(err)? {
-        return Err(format!("{}: redb had to repair the file", path.display()));
-    }
-    let r = s.read().map_err(err)?;
-    let (found, all) = r.table_digests().map_err(err)?;
-    for (want, got) in tables.iter().zip(&found) {
-        if want != got {
+    let mut s = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
+    beside_integrity(&mut s, path, |r| {
+        let (found, all) = r.table_digests().map_err(err)?;
+        for (want, got) in tables.iter().zip(&found) {
+            if want != got {
+                return Err(format!(
+                    "{}: table {} of the copy holds {} entries, {} bytes (CRC-32C {:08x}) where {} entries, {} bytes ({:08x}) were copied; the copy is damaged",
+                    path.display(),
+                    want.name,
+                    got.entries,
+                    got.bytes,
+                    got.crc,
+                    want.entries,
+                    want.bytes,
+                    want.crc
+                ));
+            }
+        }
+        if found.len() != tables.len() || all != tables.len() {
             return Err(format!(
-                "{}: table {} of the copy holds {} entries, {} bytes (CRC-32C {:08x}) where {} entries, {} bytes ({:08x}) were copied; the copy is damaged",
+                "{}: the copy holds {all} tables where {} were copied; the copy is damaged",
                 path.display(),
-                want.name,
-                got.entries,
-                got.bytes,
-                got.crc,
-                want.entries,
-                want.bytes,
-                want.crc
+                tables.len()
             ));
         }
-    }
-    if found.len() != tables.len() || all != tables.len() {
-        return Err(format!(
-            "{}: the copy holds {all} tables where {} were copied; the copy is damaged",
-            path.display(),
-            tables.len()
-        ));
-    }
-    first_finding(crate::check::invariants_of_copy(&r).map_err(err)?, path)
+        first_finding(crate::check::invariants_of_copy(r).map_err(err)?, path)
+    })
 }
 
 /// `redbfs verify-copy PATH --table D...`: `verify_copy_here` in the child a daemon starts.
@@ -153,19 +196,16 @@ fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
 /// writing: each writable opening costs several syncs of the file.
 fn verify_and_disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
     if let Disk::Host = disk {
-        let mut ro = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+        let mut ro = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
         if !ro.is_private_copy() {
-            if !ro.check_integrity().map_err(err)? {
-                return Err(format!("{}: redb had to repair the file", path.display()));
-            }
-            let r = ro.read().map_err(err)?;
-            no_findings(&r, path)?;
-            let owned = [META_REPLICAS, META_REPLICA_GENERATIONS]
-                .iter()
-                .map(|k| r.meta_bytes(k).map(|v| v.is_some()))
-                .collect::<std::result::Result<Vec<bool>, _>>()
-                .map_err(err)?;
-            drop(r);
+            let owned = beside_integrity(&mut ro, path, |r| {
+                no_findings(r, path)?;
+                [META_REPLICAS, META_REPLICA_GENERATIONS]
+                    .iter()
+                    .map(|k| r.meta_bytes(k).map(|v| v.is_some()))
+                    .collect::<std::result::Result<Vec<bool>, _>>()
+                    .map_err(err)
+            })?;
             drop(ro);
             if !owned.contains(&true) {
                 return Ok(Vec::new());
@@ -206,7 +246,11 @@ fn first_finding(findings: Vec<String>, path: &Path) -> Result<()> {
 /// renamed into place with mode 0600, then opened and checked. `progress` hears the records
 /// copied so far.
 pub fn snapshot(r: &ReadTxn, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<SnapshotInfo> {
-    write_snapshot(out, |tmp| r.copy_to(tmp, progress).map_err(err))
+    write_snapshot(out, |tmp| {
+        r.copy_to_unsynced(tmp, progress)
+            .map(|(stats, file)| (stats, Some(file)))
+            .map_err(err)
+    })
 }
 
 /// `snapshot --path`: a store holding only the directory at `path` as `r` sees it, as its
@@ -226,7 +270,9 @@ pub fn snapshot_subtree(
         ));
     }
     // `Store::create_for_copy` makes the file 0600 and O_EXCL|O_NOFOLLOW.
-    write_snapshot(out, |tmp| copy_subtree(r, &top, tmp, progress))
+    write_snapshot(out, |tmp| {
+        copy_subtree(r, &top, tmp, progress).map(|stats| (stats, None))
+    })
 }
 
 /// Copies the tree under `top` into a new store at `out`, in one durable transaction.
@@ -300,11 +346,12 @@ fn copy_subtree(
     Ok(stats)
 }
 
-/// Writes a snapshot through `copy` (which creates the file it is given) at a temporary
-/// name, checks it, and renames it into place.
+/// Writes a snapshot through `copy` (which creates the file it is given, and hands it back
+/// when it is still to be synced) at a temporary name, checks it while it is synced, and
+/// renames it into place.
 fn write_snapshot(
     out: &Path,
-    copy: impl FnOnce(&Path) -> Result<CopyStats>,
+    copy: impl FnOnce(&Path) -> Result<(CopyStats, Option<std::fs::File>)>,
 ) -> Result<SnapshotInfo> {
     let started = std::time::Instant::now();
     if out.exists() {
@@ -323,17 +370,17 @@ fn write_snapshot(
         std::process::id()
     ));
     let _ = std::fs::remove_file(&tmp);
-    let copied: std::result::Result<CopyStats, String> = copy(&tmp);
-    let stats = match copied {
+    let copied = copy(&tmp);
+    let (stats, unsynced) = match copied {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
         }
     };
-    // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW, and synced it.
+    // `copy_to` created the temporary file 0600 and O_EXCL|O_NOFOLLOW.
     let finish = || -> Result<()> {
-        verify_copy(&tmp, &stats.tables)?;
+        checked_while_synced(&tmp, unsynced, || verify_copy(&tmp, &stats.tables))?;
         // Never replaces what appeared at `out` meanwhile.
         nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
@@ -355,6 +402,48 @@ fn write_snapshot(
         bytes: stats.bytes,
         file_bytes: std::fs::metadata(out).map(|m| m.len()).unwrap_or(0),
         seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs `check` of the file at `path` while `file` (the same file, just written) is synced on
+/// a thread of its own: the check reads what the file holds as the sync writes it out, and
+/// neither waits for the other. Both must succeed before anything relies on the file; with
+/// no thread to sync on, the sync comes first.
+fn checked_while_synced(
+    path: &Path,
+    file: Option<std::fs::File>,
+    check: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    let Some(file) = file else {
+        return check();
+    };
+    let sync = move || {
+        file.sync_all()
+            .map_err(|e| crate::private::describe(path, e))
+    };
+    std::thread::scope(|scope| {
+        let (checked, synced) = match std::thread::Builder::new()
+            .name("sync-copy".to_string())
+            .spawn_scoped(scope, sync)
+        {
+            Ok(h) => {
+                let checked = check();
+                let synced = h
+                    .join()
+                    .unwrap_or_else(|_| Err(format!("{}: the sync failed", path.display())));
+                (checked, synced)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no thread to sync the copy on; syncing it first");
+                let synced = std::fs::OpenOptions::new()
+                    .read(true)
+                    .open(path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| crate::private::describe(path, e));
+                (synced.clone().and_then(|()| check()), synced)
+            }
+        };
+        checked.and(synced)
     })
 }
 
@@ -401,16 +490,20 @@ fn restore_dropping_on(
     // The snapshot is only read: it is copied first, and the copy is what is checked (redb's
     // check may write to the file it checks) and then put in place.
     let mut dropped = Vec::new();
-    let copied = disk.copy_new(snapshot_path, &tmp).and_then(|()| {
-        verify_and_disown_on(disk, &tmp)
-            .map(|urls| dropped = urls)
-            .map_err(|e| {
-                e.replace(
-                    &tmp.display().to_string(),
-                    &snapshot_path.display().to_string(),
-                )
+    let copied = disk
+        .copy_new_unsynced(snapshot_path, &tmp)
+        .and_then(|unsynced| {
+            checked_while_synced(&tmp, unsynced, || {
+                verify_and_disown_on(disk, &tmp)
+                    .map(|urls| dropped = urls)
+                    .map_err(|e| {
+                        e.replace(
+                            &tmp.display().to_string(),
+                            &snapshot_path.display().to_string(),
+                        )
+                    })
             })
-    });
+        });
     if let Err(e) = copied {
         let _ = disk.remove(&tmp);
         return Err(e);
