@@ -324,7 +324,11 @@ fn a_rename_or_a_chmod_keeps_no_second_copy_of_a_small_memory() {
     fs.write(ME, fh, 0, &second).unwrap();
     fs.fsync(fh).unwrap();
     fs.release(fh).unwrap();
-    assert_eq!(kept_images(&fs, ino), 2, "the rename's and the chmod's");
+    assert_eq!(
+        kept_images(&fs, ino),
+        3,
+        "the rename's and the chmod's (no change), the write's (a delta)"
+    );
     assert_checks(&fs);
     assert_eq!(show(&fs, "/a.md", written), first);
     assert_eq!(show(&fs, "/b.md", renamed), first);
@@ -499,4 +503,239 @@ fn undo_key_of_inode(ino: u64) -> Vec<u8> {
     let mut k = vec![1];
     k.extend_from_slice(&ino.to_be_bytes());
     k
+}
+
+/// Rewrites `name`'s content in place (same size: no truncate needed), fsynced.
+fn in_place(fs: &Fs, name: &str, data: &[u8]) {
+    let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+    let fh = fs
+        .open(
+            ME,
+            ino,
+            redbfs::fs::OpenMode {
+                write: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    fs.write(ME, fh, 0, data).unwrap();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    fs.forget(ino, 1);
+}
+
+/// Every inode before-image of every record: (whether it is kept as another version, its
+/// run, its length).
+fn images(fs: &Fs) -> Vec<(bool, Option<u8>, usize)> {
+    use redbfs::store::schema::image_run;
+    records(fs)
+        .iter()
+        .flat_map(|r| &r.undo)
+        .filter_map(|u| match u {
+            Undo::Inode { old: Some(b), .. } if redbfs::store::inline_part(b).is_some() => {
+                Some((redbfs::store::content_kept(b), image_run(b), b.len()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The runs of delta images: each at most `MAX_IMAGE_RUN`, the longest reaching it, and a
+/// whole image at least every `MAX_IMAGE_RUN + 1` images.
+fn assert_runs_bounded(fs: &Fs, edits: usize) {
+    use redbfs::store::schema::MAX_IMAGE_RUN;
+    let all = images(fs);
+    let runs: Vec<u8> = all.iter().filter(|i| i.0).map(|i| i.1.unwrap()).collect();
+    assert!(
+        runs.iter().all(|&n| (1..=MAX_IMAGE_RUN).contains(&n)),
+        "{runs:?}"
+    );
+    assert_eq!(runs.iter().max(), Some(&MAX_IMAGE_RUN), "{runs:?}");
+    let whole = all.iter().filter(|i| !i.0).count();
+    assert!(
+        whole >= edits / (MAX_IMAGE_RUN as usize + 1),
+        "{whole} whole images of {edits}"
+    );
+    assert!(
+        whole <= edits.div_ceil(MAX_IMAGE_RUN as usize) + 1,
+        "{whole}"
+    );
+}
+
+/// A small memory's earlier versions are kept as deltas against the next version (the same
+/// inode's after an edit in place, the file's now at its name after an SDK edit), in runs of
+/// at most `MAX_IMAGE_RUN`: every version reads back exactly through its run, after the
+/// store is opened again and after the oldest records expire, and rollback to the oldest
+/// point left restores its bytes.
+#[test]
+fn small_versions_read_back_through_bounded_runs_of_deltas() {
+    use redbfs::store::schema::MAX_IMAGE_RUN;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let size = 1500;
+    let fs = open(&path);
+    write(&fs, ME, "mem.md", &version(size, 0));
+    let mut versions = vec![(last_seq(&fs), version(size, 0))];
+    let edits = 3 * MAX_IMAGE_RUN as usize;
+    let edit = |fs: &Fs, v: usize| {
+        if v.is_multiple_of(4) {
+            in_place(fs, "mem.md", &version(size, v));
+        } else {
+            sdk_edit(fs, "mem.md", &version(size, v), v);
+        }
+    };
+    for v in 1..=edits {
+        edit(&fs, v);
+        versions.push((last_seq(&fs), version(size, v)));
+    }
+    assert_runs_bounded(&fs, edits);
+    // A delta holds what changed, not the memory.
+    let deltas: Vec<usize> = images(&fs).iter().filter(|i| i.0).map(|i| i.2).collect();
+    assert!(deltas.iter().all(|&n| n < 120), "{deltas:?}");
+    for (seq, want) in &versions {
+        assert!(show(&fs, "/mem.md", *seq) == *want, "@{seq} reads back");
+    }
+    assert_checks(&fs);
+
+    // Opened again: the same.
+    drop(fs);
+    let fs = open(&path);
+    for (seq, want) in &versions {
+        assert!(
+            show(&fs, "/mem.md", *seq) == *want,
+            "@{seq} reads back after reopen"
+        );
+    }
+
+    // The oldest records expire; the rest read back, and check finds nothing.
+    let old = versions.len() / 2;
+    fs.store().set_keep_history(1_000_000_000).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    // Each commit drops a bounded batch of what expired.
+    let mut v = edits;
+    while fs.store().read().unwrap().first_seq().unwrap().unwrap() <= versions[old].0 {
+        v += 1;
+        assert!(v < edits + 200, "expiry drops the oldest records");
+        edit(&fs, v);
+        versions.push((last_seq(&fs), version(size, v)));
+    }
+    fs.store().set_keep_history(THIRTY_DAYS).unwrap();
+    for v in v + 1..=v + 10 {
+        edit(&fs, v);
+        versions.push((last_seq(&fs), version(size, v)));
+    }
+    let first = fs.store().read().unwrap().first_seq().unwrap().unwrap();
+    let kept: Vec<_> = versions.iter().filter(|(s, _)| *s + 1 >= first).collect();
+    assert!(kept.len() >= 10, "{}", kept.len());
+    for (seq, want) in &kept {
+        assert!(
+            show(&fs, "/mem.md", *seq) == *want,
+            "@{seq} reads back after expiry"
+        );
+    }
+    assert_checks(&fs);
+    let (seq, want) = kept[0];
+    fs.rollback(ME, *seq).unwrap();
+    assert!(read(&fs, "mem.md") == *want, "rollback to @{seq}");
+    assert_checks(&fs);
+    for (seq, want) in &kept {
+        assert!(
+            show(&fs, "/mem.md", *seq) == *want,
+            "@{seq} after the rollback"
+        );
+    }
+}
+
+/// A chmod or a rename keeps a small memory's content as the version after it: an empty
+/// delta, whose run counts like any other. A long series of them is capped (a whole image
+/// at least every `MAX_IMAGE_RUN + 1`), and the version before it reads back, after the
+/// store is opened again too, and comes back whole by rollback.
+#[test]
+fn a_run_of_unchanged_contents_is_capped_and_resolves() {
+    use redbfs::store::schema::MAX_IMAGE_RUN;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    let first = version(1500, 1);
+    let ino = write(&fs, ME, "a.md", &first);
+    let written = fs.mark("written").unwrap();
+    let edits = 2 * MAX_IMAGE_RUN as usize + 10;
+    let mut points = Vec::new();
+    for i in 0..edits {
+        if i.is_multiple_of(2) {
+            let attr = redbfs::fs::SetAttr {
+                mode: Some(if i.is_multiple_of(4) { 0o600 } else { 0o644 }),
+                ..Default::default()
+            };
+            fs.setattr(ME, ino, attr).unwrap();
+        } else {
+            let (from, to) = if i % 4 == 1 {
+                ("a.md", "b.md")
+            } else {
+                ("b.md", "a.md")
+            };
+            fs.rename(ME, ROOT_INO, from.as_bytes(), ROOT_INO, to.as_bytes(), 0)
+                .unwrap();
+        }
+        points.push(last_seq(&fs));
+    }
+    let name = if fs.lookup(ROOT_INO, b"a.md").is_ok() {
+        "a.md"
+    } else {
+        "b.md"
+    };
+    in_place(&fs, name, &version(1500, 2));
+    assert_runs_bounded(&fs, edits + 1);
+    assert_checks(&fs);
+    drop(fs);
+    let fs = open(&path);
+    assert_eq!(show(&fs, "/a.md", written), first);
+    for seq in points {
+        // The memory is at one of the two names.
+        let r = fs.store().read().unwrap();
+        let got = redbfs::tools::show_at(&r, "/a.md", seq)
+            .or_else(|_| redbfs::tools::show_at(&r, "/b.md", seq))
+            .unwrap();
+        assert!(got == first, "@{seq}");
+    }
+    fs.rollback(ME, written).unwrap();
+    assert_eq!(read(&fs, "a.md"), first);
+    assert_checks(&fs);
+}
+
+/// Redacting one version of a small memory erases it wherever it is kept, a delta's too;
+/// the versions after it read back exactly, and those before it read exactly or, when kept
+/// against it from before the memory's last rename into its path, as redacted: never other
+/// bytes. Check finds nothing.
+#[test]
+fn redacting_a_version_erases_it_and_damages_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "mem.md", &version(1500, 0));
+    let mut versions = vec![(last_seq(&fs), version(1500, 0))];
+    for v in 1..=6usize {
+        if v.is_multiple_of(2) {
+            in_place(&fs, "mem.md", &version(1500, v));
+        } else {
+            sdk_edit(&fs, "mem.md", &version(1500, v), v);
+        }
+        versions.push((last_seq(&fs), version(1500, v)));
+    }
+    let (gone, _) = versions[3];
+    fs.redact("/mem.md", Some(gone)).unwrap();
+    for (seq, want) in &versions {
+        let r = fs.store().read().unwrap();
+        let got = redbfs::tools::show_at(&r, "/mem.md", *seq);
+        if *seq == gone {
+            assert!(got.unwrap_err().contains("redacted"), "@{seq}");
+        } else if *seq > gone {
+            assert!(got.unwrap() == *want, "@{seq} reads back");
+        } else {
+            match got {
+                Ok(b) => assert!(b == *want, "@{seq} reads back"),
+                Err(e) => assert!(e.contains("redacted"), "@{seq}: {e}"),
+            }
+        }
+    }
+    assert_checks(&fs);
 }

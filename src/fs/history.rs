@@ -389,15 +389,29 @@ impl Fs {
         }
         blobs.sort_unstable();
         blobs.dedup();
+        // The path's before-images kept as another version, whole: each is written whole,
+        // so that erasing the version it was kept against leaves it.
+        let mut wholes = std::collections::HashMap::new();
+        for rec in &records {
+            for u in &rec.undo {
+                if let crate::store::Undo::Inode { ino, old: Some(b) } = u
+                    && crate::store::content_kept(b)
+                    && let Ok(w) = r.whole_image(rec.seq, *ino, b)
+                {
+                    wholes.insert((rec.seq, *ino), w);
+                }
+            }
+        }
         // Chunks held in inode records: the version's, or every one the path's records hold;
         // never one the current content holds (a revert may have made it current again).
         let mut inline_parts: std::collections::HashSet<Vec<u8>> = match at {
             Some(_) => inline_version.into_iter().collect(),
             None => records
                 .iter()
-                .flat_map(|rec| &rec.undo)
-                .filter_map(|u| match u {
-                    crate::store::Undo::Inode { old: Some(b), .. } => {
+                .flat_map(|rec| rec.undo.iter().map(move |u| (rec.seq, u)))
+                .filter_map(|(seq, u)| match u {
+                    crate::store::Undo::Inode { ino, old: Some(b) } => {
+                        let b = wholes.get(&(seq, *ino)).unwrap_or(b);
                         crate::store::inline_part(b).map(<[u8]>::to_vec)
                     }
                     _ => None,
@@ -409,6 +423,25 @@ impl Fs {
                 inline_parts.remove(&p);
             }
         }
+        // A version kept as a delta in a record the path's log does not list (before a
+        // rename into the path): every record's delta image with the checksum of a version
+        // to erase is rebuilt, and erased when it is that version.
+        let sums: std::collections::HashSet<&[u8]> =
+            inline_parts.iter().filter_map(|p| p.get(1..5)).collect();
+        r.for_each_undo(|seq, u| {
+            if let crate::store::Undo::Inode { ino, old: Some(b) } = u
+                && crate::store::content_kept(b)
+                && !wholes.contains_key(&(seq, *ino))
+                && crate::store::inline_part(b)
+                    .and_then(|p| p.get(1..5))
+                    .is_some_and(|s| sums.contains(s))
+                && let Ok(w) = r.whole_image(seq, *ino, b)
+                && crate::store::inline_part(&w).is_some_and(|p| inline_parts.contains(p))
+            {
+                wholes.insert((seq, *ino), w);
+            }
+            Ok(())
+        })?;
         drop(r);
         let mut w = self.store().write()?;
         // Redaction is not undoable: that is its point.
@@ -419,7 +452,7 @@ impl Fs {
                 erased += 1;
             }
         }
-        let inline_erased = w.redact_inline_everywhere(&inline_parts)?;
+        let inline_erased = w.redact_inline_everywhere(&inline_parts, &wholes)?;
         for mut rec in records {
             let touches = rec.undo.iter().any(|u| matches!(u, crate::store::Undo::Filemap { old: Some(b), .. } if blobs.contains(b)));
             if touches && !rec.redacted {

@@ -1023,7 +1023,7 @@ impl WriteTxn<'_> {
                 folded = fold.ops;
                 source = Some(info.ino);
             }
-            self.keep_content(&mut undo)?;
+            self.keep_content(&mut undo, &info.paths)?;
             let record = HistoryRecord {
                 seq,
                 time: now,
@@ -1179,27 +1179,144 @@ impl WriteTxn<'_> {
         Ok(out)
     }
 
-    /// Before-images of inodes whose inline content this transaction left as it was (a
-    /// rename, a change of mode or times, an unlink that leaves an orphan) drop that content:
-    /// the inode's record after the transaction holds it (`schema::keep_form`).
-    fn keep_content(&self, undo: &mut [Undo]) -> Result<(), StoreError> {
+    /// Before-images of inodes whose inline chunk holds content keep it as a delta
+    /// (`schema::delta_form`) against the content after the transaction: the inode's own,
+    /// or, when the transaction removed the inode, the file's now at its name (an SDK's
+    /// write to a temporary file renamed over). A rename or a change of mode keeps an empty
+    /// delta. Each image's run is one more than that of the images kept against its content
+    /// before (`run_against`); one that would pass `MAX_IMAGE_RUN`, or whose delta is not
+    /// smaller, stays whole.
+    fn keep_content(&self, undo: &mut [Undo], paths: &[String]) -> Result<(), StoreError> {
+        // Undoing applies one part at a time: an image kept against another inode is only
+        // written in a record of one part, whose entries rollback resolves before applying
+        // any (`apply_undo`).
+        let one_part = undo
+            .iter()
+            .try_fold(0usize, |n, u| {
+                let n = n + u.encode().len();
+                (n <= UNDO_PART_BYTES).then_some(n)
+            })
+            .is_some();
         let t = self.tx.open_table(INODES).map_err(map_err)?;
         for u in undo.iter_mut() {
-            if let Undo::Inode { ino, old: Some(b) } = u
-                && inline_part(b).is_some()
-                && let Some(after) = t.get(*ino).map_err(map_err)?
-                && let Some(kept) = keep_form(b, after.value())
-            {
-                *b = kept;
+            let Undo::Inode { ino, old: Some(b) } = u else {
+                continue;
+            };
+            if !matches!(inline_chunk(b), Some(InlineChunk::Content(_))) {
+                continue;
+            }
+            let after = match t.get(*ino).map_err(map_err)? {
+                Some(v) => Some((*ino, v.value().to_vec())),
+                None if one_part => match Inode::decode(*ino, b) {
+                    Some(i) => match self.lookup(i.parent, &i.name)? {
+                        Some((other, Kind::File)) => t
+                            .get(other)
+                            .map_err(map_err)?
+                            .map(|v| (other, v.value().to_vec())),
+                        _ => None,
+                    },
+                    None => None,
+                },
+                None => None,
+            };
+            let Some((base_ino, after)) = after else {
+                continue;
+            };
+            let Some(InlineChunk::Content(base)) = inline_chunk(&after) else {
+                continue;
+            };
+            let Some(run) = self.run_against(*ino, paths)? else {
+                continue;
+            };
+            if let Some(d) = delta_form(b, base_ino, base, run.saturating_add(1)) {
+                *b = d;
             }
         }
         Ok(())
     }
 
+    /// The longest run of delta images kept against inode `ino`'s content now (each would
+    /// grow by one if that content became a delta): those of the newest record naming one
+    /// of `paths` and of the newest record that changed the inode, which a later edit of the
+    /// file meets first. None when one of them cannot say (a `keep_form` image, or a record
+    /// too large to read here): the new image is then kept whole.
+    fn run_against(&self, ino: u64, paths: &[String]) -> Result<Option<u8>, StoreError> {
+        /// A record of more entries than this is not read for its runs.
+        const READ_AT_MOST: u64 = 256;
+        let mut seqs = Vec::new();
+        {
+            let names = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+            for p in paths {
+                let last = names
+                    .range((p.as_str(), 0)..=(p.as_str(), u64::MAX))
+                    .map_err(map_err)?
+                    .next_back();
+                if let Some(item) = last {
+                    seqs.push(item.map_err(map_err)?.0.value().1);
+                }
+            }
+            let keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+            let key = undo_key(1, &[ino], "");
+            let last = keys
+                .range((key.as_slice(), 0)..=(key.as_slice(), u64::MAX))
+                .map_err(map_err)?
+                .next_back();
+            if let Some(item) = last {
+                seqs.push(item.map_err(map_err)?.0.value().1);
+            }
+        }
+        seqs.sort_unstable();
+        seqs.dedup();
+        let mut run = 0u8;
+        for seq in seqs {
+            let Some(r) = self.record_header(seq)? else {
+                continue;
+            };
+            if r.undo_len > READ_AT_MOST {
+                return Ok(None);
+            }
+            for u in self.record_undo(seq)? {
+                if let Undo::Inode {
+                    ino: i,
+                    old: Some(b),
+                } = &u
+                    && content_kept(b)
+                    && kept_base(*i, b) == ino
+                {
+                    match image_run(b) {
+                        Some(n) => run = run.max(n),
+                        None => return Ok(None),
+                    }
+                }
+            }
+        }
+        Ok(Some(run))
+    }
+
     /// Restores the before-images of `undo`, newest change first. With history on, this is
     /// itself captured, so undoing can be undone.
     pub fn apply_undo(&mut self, undo: &[Undo]) -> Result<(), StoreError> {
-        for u in undo.iter().rev() {
+        // A content kept as, or against, the record after: the base inode's now (undoing
+        // newest first), read before any entry is applied, since an entry of the same
+        // record may restore the base.
+        let mut wholes = Vec::with_capacity(undo.len());
+        {
+            let t = self.tx.open_table(INODES).map_err(map_err)?;
+            for u in undo {
+                wholes.push(match u {
+                    Undo::Inode { ino, old: Some(b) } if content_kept(b) => {
+                        let now = t
+                            .get(kept_base(*ino, b))
+                            .map_err(map_err)?
+                            .map(|v| v.value().to_vec());
+                        let whole = now.and_then(|n| with_kept_content(b, &n));
+                        Some(whole.ok_or_else(|| corrupt("history record", *ino))?)
+                    }
+                    _ => None,
+                });
+            }
+        }
+        for (u, whole) in undo.iter().zip(wholes).rev() {
             match u {
                 Undo::Inode { ino, old } => {
                     // The record whole: its fields and the inline chunk it held.
@@ -1208,22 +1325,6 @@ impl WriteTxn<'_> {
                     {
                         return Err(corrupt("history record", *ino));
                     }
-                    // A content kept as the record after: the inode's now, undoing newest
-                    // first.
-                    let whole = match old {
-                        Some(b) if content_kept(b) => {
-                            let now = self
-                                .tx
-                                .open_table(INODES)
-                                .map_err(map_err)?
-                                .get(*ino)
-                                .map_err(map_err)?
-                                .map(|v| v.value().to_vec());
-                            let whole = now.and_then(|n| with_kept_content(b, &n));
-                            Some(whole.ok_or_else(|| corrupt("history record", *ino))?)
-                        }
-                        _ => None,
-                    };
                     let old = whole
                         .as_deref()
                         .or(old.as_deref())
@@ -1539,9 +1640,13 @@ impl WriteTxn<'_> {
     /// them), and marks those records redacted. Returns the parts found and erased. Reads
     /// every record: redaction is rare, and a version's bytes may sit in any record that
     /// changed that inode (a rollback's too), as a blob may be named by any.
+    /// `wholes` gives, by (record seq, ino), before-images kept as another version
+    /// (`schema::delta_form`) whole: each is written whole first, so that erasing its base
+    /// leaves it, and is erased when it is one of `parts`.
     pub fn redact_inline_everywhere(
         &mut self,
         parts: &std::collections::HashSet<Vec<u8>>,
+        wholes: &std::collections::HashMap<(u64, u64), Vec<u8>>,
     ) -> Result<usize, StoreError> {
         if parts.is_empty() {
             return Ok(0);
@@ -1551,20 +1656,41 @@ impl WriteTxn<'_> {
             _ => false,
         };
         let mut erased = std::collections::HashSet::new();
-        // Erases in `undo` what `holds`, and in the key index; whether anything was.
-        let mut erase = |w: &Self, seq: u64, undo: &mut [Undo]| -> Result<bool, StoreError> {
+        // Writes in `undo` the whole images `wholes` gives (when `whole`), erases what
+        // `holds`, and both in the key index; whether anything changed and whether anything
+        // was erased.
+        let mut erase = |w: &Self,
+                         seq: u64,
+                         undo: &mut [Undo],
+                         whole: bool|
+         -> Result<(bool, bool), StoreError> {
             let mut keys = w.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-            let mut hit = false;
+            let (mut changed, mut hit) = (false, false);
             for u in undo.iter_mut() {
-                if !holds(u) {
-                    continue;
-                }
-                let Undo::Inode { old: Some(b), .. } = u else {
+                let Undo::Inode { ino, old: Some(b) } = u else {
                     continue;
                 };
-                hit = true;
-                erased.insert(inline_part(b).map(<[u8]>::to_vec));
-                *b = redact_inline(b);
+                let mut this = false;
+                if whole
+                    && content_kept(b)
+                    && let Some(w) = wholes.get(&(seq, *ino))
+                {
+                    *b = w.clone();
+                    this = true;
+                }
+                if holds(u) {
+                    let Undo::Inode { old: Some(b), .. } = u else {
+                        continue;
+                    };
+                    hit = true;
+                    this = true;
+                    erased.insert(inline_part(b).map(<[u8]>::to_vec));
+                    *b = redact_inline(b);
+                }
+                if !this {
+                    continue;
+                }
+                changed = true;
                 let k = u.key();
                 // An entry by reference reads the record, which is rewritten.
                 let held = keys
@@ -1578,7 +1704,7 @@ impl WriteTxn<'_> {
                     redo_put(&w.redo, HISTORY_KEYS, &(k.as_slice(), seq), &v.as_slice());
                 }
             }
-            Ok(hit)
+            Ok((changed, hit))
         };
         for seq in self.history_seqs_after(0)? {
             let Some(mut r) = self.record_header(seq)? else {
@@ -1588,10 +1714,10 @@ impl WriteTxn<'_> {
                 // A version-1 record is written again split, whole.
                 None => {
                     let mut undo = std::mem::take(&mut r.undo);
-                    let hit = erase(self, seq, &mut undo)?;
+                    let (changed, hit) = erase(self, seq, &mut undo, true)?;
                     r.undo = undo;
-                    if hit {
-                        r.redacted = true;
+                    if changed {
+                        r.redacted |= hit;
                         self.put_record(&r)?;
                     }
                     false
@@ -1600,16 +1726,25 @@ impl WriteTxn<'_> {
                 Some(n) => {
                     let mut hit = false;
                     for p in 0..n {
-                        let mut undo = self.undo_part(seq, p)?;
-                        if erase(self, seq, &mut undo)? {
-                            hit = true;
-                            let mut b = Vec::new();
-                            let one = undo_parts::<StoreError>(&undo, |_, part| {
+                        let mut b = Vec::new();
+                        let mut put = |undo: &[Undo]| {
+                            undo_parts::<StoreError>(undo, |_, part| {
                                 b = part.to_vec();
                                 Ok(())
-                            })?;
+                            })
+                        };
+                        let mut undo = self.undo_part(seq, p)?;
+                        let (mut changed, mut this) = erase(self, seq, &mut undo, true)?;
+                        // Whole images may not fit the part: then the deltas stay.
+                        if changed && put(&undo)? > 1 {
+                            undo = self.undo_part(seq, p)?;
+                            (changed, this) = erase(self, seq, &mut undo, false)?;
                             // An entry only shrinks: the part still fits in one.
+                            let one = put(&undo)?;
                             debug_assert!(one <= 1);
+                        }
+                        if changed {
+                            hit |= this;
                             self.put_part(seq, p, &b)?;
                         }
                     }

@@ -75,6 +75,17 @@ impl ReadTxn {
     }
 }
 
+impl ReadTxn {
+    /// Before-image `image` of `ino` in record `seq`, whole: one kept as another version
+    /// (`schema::delta_form`) rebuilt, any other as it is.
+    pub fn whole_image(&self, seq: u64, ino: u64, image: &[u8]) -> Result<Vec<u8>, StoreError> {
+        if !content_kept(image) {
+            return Ok(image.to_vec());
+        }
+        Past { now: self, seq }.kept_content(ino, Some(seq), image.to_vec())
+    }
+}
+
 impl Past<'_> {
     /// The point this view shows.
     pub fn seq(&self) -> u64 {
@@ -165,9 +176,11 @@ impl Past<'_> {
 }
 
 impl Past<'_> {
-    /// Before-image `image` of `ino`, kept by record `seq` without its content, whole: the
-    /// content is the inode's at the point after that record, followed through later
-    /// records that kept it the same way (a loop, not a recursion: renames may be many).
+    /// Before-image `image` of `ino`, kept by record `seq` without its content or as a
+    /// delta, whole: the content is its base inode's at the point after that record,
+    /// followed through later records that kept that one the same way (a loop, not a
+    /// recursion), then each delta applied back, newest first. A run of deltas is at most
+    /// `MAX_IMAGE_RUN` long; the images an earlier build kept without a run may be more.
     pub(super) fn kept_content(
         &self,
         ino: u64,
@@ -175,26 +188,33 @@ impl Past<'_> {
         image: Vec<u8>,
     ) -> Result<Vec<u8>, StoreError> {
         let mut at = seq.ok_or_else(|| corrupt("history record", ino))?;
+        let mut base = kept_base(ino, &image);
+        let mut chain = vec![image];
         loop {
             let later = Past {
                 now: self.now,
                 seq: at,
             };
             let (next, record) = later
-                .inode_image(ino)?
+                .inode_image(base)?
                 .ok_or_else(|| corrupt("history record", ino))?;
             if content_kept(&record) {
                 at = next.ok_or_else(|| corrupt("history record", ino))?;
+                base = kept_base(base, &record);
+                chain.push(record);
                 continue;
             }
-            let record = match next.filter(|_| content_in_record(&record)) {
+            let mut whole = match next.filter(|_| content_in_record(&record)) {
                 Some(_) => later
-                    .inode_record(ino)?
+                    .inode_record(base)?
                     .ok_or_else(|| corrupt("history record", ino))?,
                 None => record,
             };
-            return with_kept_content(&image, &record)
-                .ok_or_else(|| corrupt("history record", ino));
+            for image in chain.iter().rev() {
+                whole = with_kept_content(image, &whole)
+                    .ok_or_else(|| corrupt("history record", ino))?;
+            }
+            return Ok(whole);
         }
     }
 }

@@ -200,7 +200,9 @@
 //!          content is in the history record this index entry indexes (`history_keys`
 //!          values only, see `index_form`); 4 = the content is the one the inode held
 //!          after the record (history before-images only, see `keep_form`): the
-//!          checksum follows, no content
+//!          checksum follows, no content (read, no longer written); 8 = the content is
+//!          a delta against an inode's content after the record (history before-images
+//!          only, see `delta_form`, which gives the bytes after the checksum)
 //! u32      CRC-32C of the content (little-endian)
 //! ...      the content, to the end of the record, at most INLINE_MAX bytes
 //! ```
@@ -565,8 +567,17 @@ const INLINE_REDACTED: u8 = 1;
 /// In history's key index only: the content is in the history record this entry indexes.
 const INLINE_IN_RECORD: u8 = 2;
 /// In a history before-image only: the content is the one the inode held after the record
-/// (its operation changed other fields), whose checksum follows; see `keep_form`.
+/// (its operation changed other fields), whose checksum follows; see `keep_form`. Read, no
+/// longer written: `delta_form` covers it with the run it adds.
 const INLINE_KEPT: u8 = 4;
+/// In a history before-image only: the content is a delta against an inode's content after
+/// the record, see `delta_form`.
+const INLINE_DELTA: u8 = 8;
+/// The longest run of delta before-images (`delta_form`) a small file's version is rebuilt
+/// through: each link is one index seek and one read of a small record. The image that
+/// would make a run longer is kept whole, so every 64th version of a small memory at most
+/// is a whole copy.
+pub const MAX_IMAGE_RUN: u8 = 64;
 const INLINE_HEADER_LEN: usize = 5;
 
 /// The inline chunk of an encoded inode record; None for a record without one (or bytes that
@@ -577,7 +588,7 @@ pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
     let (sum, data) = rest.split_at_checked(4)?;
     Some(if flags & INLINE_REDACTED != 0 {
         InlineChunk::Redacted
-    } else if flags & (INLINE_IN_RECORD | INLINE_KEPT) == 0
+    } else if flags & (INLINE_IN_RECORD | INLINE_KEPT | INLINE_DELTA) == 0
         && crc32c::crc32c(data).to_le_bytes() == sum
     {
         InlineChunk::Content(data)
@@ -610,13 +621,16 @@ pub fn content_in_record(image: &[u8]) -> bool {
 /// (a before-image whose content is kept elsewhere holds none).
 pub fn inline_is_damaged(record: &[u8]) -> bool {
     inline_chunk(record) == Some(InlineChunk::Damaged)
-        && inline_part(record).is_some_and(|p| p[0] & (INLINE_IN_RECORD | INLINE_KEPT) == 0)
+        && inline_part(record)
+            .is_some_and(|p| p[0] & (INLINE_IN_RECORD | INLINE_KEPT | INLINE_DELTA) == 0)
 }
 
 /// The form a history record keeps of before-image `image` when the inode's record after the
 /// operation, `after`, holds the same inline chunk: `image` without the content, flagged
 /// with its checksum (`INLINE_KEPT`), since the content is the one the inode held after the
-/// record. None when the chunks differ or hold no content (the image is kept whole).
+/// record. None when the chunks differ or hold no content (the image is kept whole). Earlier
+/// builds wrote it; `delta_form` took its place.
+#[cfg(test)]
 pub fn keep_form(image: &[u8], after: &[u8]) -> Option<Vec<u8>> {
     let at = inline_start(image)?;
     let part = &image[at..];
@@ -628,26 +642,137 @@ pub fn keep_form(image: &[u8], after: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Whether before-image `image` is `keep_form`'s: its content is the inode's after the
-/// record.
+/// Whether before-image `image` holds its content as another version's: `keep_form`'s
+/// (the same content) or `delta_form`'s (a delta against it).
 pub fn content_kept(image: &[u8]) -> bool {
-    inline_part(image).is_some_and(|p| p[0] & INLINE_KEPT != 0)
+    inline_part(image).is_some_and(|p| p[0] & (INLINE_KEPT | INLINE_DELTA) != 0)
 }
 
-/// `keep_form`'s image whole again, from `later`: the inode's record at the point after the
-/// image's record (or any later one with the same content). Its inline chunk must match
-/// the kept checksum, or be redacted (erasing a version erases the ones kept as it). None
-/// when it does not.
+/// The form a history record keeps of before-image `image` (a whole inline chunk) when
+/// `base`, the content of inode `base_ino` after the record, is known: the image's fields,
+/// then a delta against `base` (flag `INLINE_DELTA`):
+///
+/// ```text
+/// u8      flags (8)
+/// u32     CRC-32C of the version's content
+/// u8      run: the links of delta images from this one to a whole content, itself
+///         included (at most MAX_IMAGE_RUN)
+/// varint  base ino: the inode whose content after the record the delta is against (the
+///         image's own, or the file's now at its name, which an SDK's rename over gives)
+/// varint  bytes taken from the start of the base
+/// varint  bytes taken from the end of the base
+/// ...     the version's bytes between the two
+/// ```
+///
+/// None when the image holds no whole content, `run` passes `MAX_IMAGE_RUN`, or the delta
+/// is not smaller than the content (the image is kept whole).
+pub fn delta_form(image: &[u8], base_ino: u64, base: &[u8], run: u8) -> Option<Vec<u8>> {
+    let at = inline_start(image)?;
+    let part = &image[at..];
+    if part[0] != 0 || run == 0 || run > MAX_IMAGE_RUN {
+        return None;
+    }
+    let InlineChunk::Content(data) = inline_chunk(image)? else {
+        return None;
+    };
+    let prefix = data.iter().zip(base).take_while(|(a, b)| a == b).count();
+    let room = data.len().min(base.len()) - prefix;
+    let suffix = data[prefix..]
+        .iter()
+        .rev()
+        .zip(base[prefix..].iter().rev())
+        .take(room)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = image[..at].to_vec();
+    out.push(INLINE_DELTA);
+    out.extend_from_slice(&part[1..INLINE_HEADER_LEN]);
+    out.push(run);
+    for n in [base_ino, prefix as u64, suffix as u64] {
+        put_varint(&mut out, n);
+    }
+    out.extend_from_slice(&data[prefix..data.len() - suffix]);
+    (out.len() < image.len()).then_some(out)
+}
+
+/// The fields of a `delta_form` image's inline chunk.
+struct DeltaFields<'a> {
+    /// The CRC-32C of the version's content.
+    sum: [u8; 4],
+    run: u8,
+    base: u64,
+    prefix: usize,
+    suffix: usize,
+    /// The version's bytes between the base's prefix and suffix.
+    middle: &'a [u8],
+}
+
+fn delta_fields(part: &[u8]) -> Option<DeltaFields<'_>> {
+    if part.first()? & INLINE_DELTA == 0 {
+        return None;
+    }
+    let sum: [u8; 4] = part.get(1..INLINE_HEADER_LEN)?.try_into().ok()?;
+    let run = *part.get(INLINE_HEADER_LEN)?;
+    let mut at = INLINE_HEADER_LEN + 1;
+    let base = take_varint(part, &mut at)?;
+    let prefix = usize::try_from(take_varint(part, &mut at)?).ok()?;
+    let suffix = usize::try_from(take_varint(part, &mut at)?).ok()?;
+    Some(DeltaFields {
+        sum,
+        run,
+        base,
+        prefix,
+        suffix,
+        middle: &part[at..],
+    })
+}
+
+/// The inode whose content after the record before-image `image` of `ino` is kept against:
+/// the base a `delta_form` image names, else `ino` itself.
+pub fn kept_base(ino: u64, image: &[u8]) -> u64 {
+    inline_part(image)
+        .and_then(delta_fields)
+        .map_or(ino, |f| f.base)
+}
+
+/// The run of delta images ending at this before-image (see `delta_form`): 0 for an image
+/// that holds its content whole (or none), its run for a delta, and None for a `keep_form`
+/// image, which does not say (a later image is then kept whole).
+pub fn image_run(image: &[u8]) -> Option<u8> {
+    match inline_part(image) {
+        Some(p) if p[0] & INLINE_DELTA != 0 => delta_fields(p).map(|f| f.run),
+        Some(p) if p[0] & INLINE_KEPT != 0 => None,
+        _ => Some(0),
+    }
+}
+
+/// A `keep_form` or `delta_form` image whole again, from `later`: the base inode's record
+/// at the point after the image's record, whole. A kept image takes its chunk as it is,
+/// which must match the kept checksum; a delta is applied to its content and must give the
+/// version's checksum. A redacted base gives a redacted image (erasing a version erases
+/// the ones kept as it or against it). None when it does not fit.
 pub fn with_kept_content(image: &[u8], later: &[u8]) -> Option<Vec<u8>> {
     let at = inline_start(image)?;
-    let sum = &image[at + 1..at + INLINE_HEADER_LEN];
     let part = inline_part(later)?;
-    let fits = match inline_chunk(later)? {
-        InlineChunk::Content(data) => crc32c::crc32c(data).to_le_bytes() == sum,
-        InlineChunk::Redacted => true,
-        InlineChunk::Damaged => false,
+    let base = match inline_chunk(later)? {
+        InlineChunk::Content(data) => data,
+        InlineChunk::Redacted => return Some(redact_inline(image)),
+        InlineChunk::Damaged => return None,
     };
-    fits.then(|| [&image[..at], part].concat())
+    if image[at] & INLINE_DELTA == 0 {
+        let sum = &image[at + 1..at + INLINE_HEADER_LEN];
+        return (crc32c::crc32c(base).to_le_bytes() == sum).then(|| [&image[..at], part].concat());
+    }
+    let f = delta_fields(&image[at..])?;
+    if f.prefix.checked_add(f.suffix)? > base.len() {
+        return None;
+    }
+    let mut data = Vec::with_capacity(f.prefix + f.middle.len() + f.suffix);
+    data.extend_from_slice(&base[..f.prefix]);
+    data.extend_from_slice(f.middle);
+    data.extend_from_slice(&base[base.len() - f.suffix..]);
+    (crc32c::crc32c(&data).to_le_bytes() == f.sum)
+        .then(|| [&image[..at], &encode_inline(&data)].concat())
 }
 
 /// The encoded inline chunk of a record (flags, checksum, content), to carry it into a
@@ -1693,6 +1818,69 @@ mod tests {
             crtime: 3,
             name: "notes \u{1F600}.md".to_string(),
         }
+    }
+
+    #[test]
+    fn a_delta_image_rebuilds_its_version_from_its_base_and_nothing_else() {
+        let i = sample();
+        let text = |v: u8| -> Vec<u8> {
+            (0..1500)
+                .map(|n| b'a' + ((n + v as usize) % 26) as u8)
+                .collect()
+        };
+        let old = text(0);
+        let mut new = old.clone();
+        new[700..708].copy_from_slice(b"CHANGED!");
+        let image = i.encode_with(Some(&encode_inline(&old)));
+        let later = i.encode_with(Some(&encode_inline(&new)));
+        let d = delta_form(&image, 42, &new, 3).unwrap();
+        assert!(d.len() < i.encode().len() + 30, "{} bytes", d.len());
+        assert!(content_kept(&d));
+        assert_eq!(kept_base(7, &d), 42);
+        assert_eq!(image_run(&d), Some(3));
+        assert_eq!(image_run(&image), Some(0));
+        assert_eq!(inline_chunk(&d), Some(InlineChunk::Damaged));
+        assert!(!inline_is_damaged(&d));
+        assert_eq!(with_kept_content(&d, &later), Some(image.clone()));
+        // Another base, a redacted one, a run past the cap, a delta not smaller.
+        let other = i.encode_with(Some(&encode_inline(&text(1))));
+        assert_eq!(with_kept_content(&d, &other), None);
+        assert_eq!(
+            with_kept_content(&d, &redact_inline(&later)),
+            Some(redact_inline(&image))
+        );
+        assert_eq!(delta_form(&image, 42, &new, MAX_IMAGE_RUN + 1), None);
+        assert_eq!(delta_form(&image, 42, &new, 0), None);
+        assert_eq!(delta_form(&image, 42, b"", 1), None);
+        // The same content: an empty delta.
+        let same = delta_form(&image, 7, &old, 1).unwrap();
+        assert_eq!(with_kept_content(&same, &image), Some(image.clone()));
+        // A flipped bit in the checksum, the lengths or the bytes is caught (the flags'
+        // unused bits, the run and the base ino do not take part in rebuilding).
+        let start = i.encode().len();
+        for at in (start + 1..start + 5).chain(start + 7..d.len()) {
+            let mut bad = d.clone();
+            bad[at] ^= 0x10;
+            assert_ne!(
+                with_kept_content(&bad, &later),
+                Some(image.clone()),
+                "byte {at}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_image_kept_by_an_earlier_build_still_reads() {
+        let i = sample();
+        let data = b"the same content".to_vec();
+        let image = i.encode_with(Some(&encode_inline(&data)));
+        let kept = keep_form(&image, &image).unwrap();
+        assert!(content_kept(&kept));
+        assert_eq!(image_run(&kept), None);
+        assert_eq!(kept_base(9, &kept), 9);
+        assert_eq!(with_kept_content(&kept, &image), Some(image.clone()));
+        let other = i.encode_with(Some(&encode_inline(b"other content")));
+        assert_eq!(with_kept_content(&kept, &other), None);
     }
 
     #[test]
