@@ -943,6 +943,18 @@ fn pattern_of(seed: &[u8]) -> Vec<u8> {
 }
 
 /// A new store at `store` holding `/notes.md` with `content`, open.
+/// Flips one bit 10,000 bytes into the first copy of `pattern` in the file at `path` (a
+/// copy of a store holding one file of that content).
+fn flip_a_bit_in_content(path: &Path, pattern: &[u8]) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes
+        .windows(pattern.len())
+        .position(|w| w == pattern)
+        .expect("the content is in the copy");
+    bytes[at + 10_000] ^= 0x04;
+    std::fs::write(path, &bytes).unwrap();
+}
+
 fn store_with_file(store: &Path, content: &[u8]) -> redbfs::fs::Fs {
     let st = Store::open_or_create(store, (0, 0)).unwrap();
     let fs = redbfs::fs::Fs::new(st, redbfs::fs::Limits::default()).unwrap();
@@ -1034,13 +1046,7 @@ fn a_copy_changed_after_writing_is_refused() {
 
     // One bit flipped in the file: redb's integrity check or the table's digest refuses it.
     let (flipped, args) = copy("flipped.redb");
-    let mut bytes = std::fs::read(&flipped).unwrap();
-    let at = bytes
-        .windows(pattern.len())
-        .position(|w| w == pattern.as_slice())
-        .expect("the content is in the copy");
-    bytes[at + 10_000] ^= 0x04;
-    std::fs::write(&flipped, &bytes).unwrap();
+    flip_a_bit_in_content(&flipped, &pattern);
     let e = redbfs::tools::verify_copy_args(&flipped, &args).unwrap_err();
     assert!(
         e.contains("repair") || e.contains("orrupt") || e.contains("damaged"),
@@ -1088,13 +1094,7 @@ fn a_copy_damaged_in_a_page_is_reported_by_redb_beside_the_sums() {
         .unwrap();
     let mut args: Vec<String> = stats.tables.iter().map(|t| t.to_arg()).collect();
     redbfs::tools::verify_copy_args(&out, &args).unwrap();
-    let mut bytes = std::fs::read(&out).unwrap();
-    let at = bytes
-        .windows(pattern.len())
-        .position(|w| w == pattern.as_slice())
-        .expect("the content is in the copy");
-    bytes[at + 10_000] ^= 0x04;
-    std::fs::write(&out, &bytes).unwrap();
+    flip_a_bit_in_content(&out, &pattern);
     // The sums of the first table (meta) no longer match either.
     let (head, crc) = args[0].rsplit_once(':').unwrap();
     let crc = u32::from_str_radix(crc, 16).unwrap() ^ 1;
