@@ -164,6 +164,23 @@ impl Store {
     ) -> Result<Changed, StoreError> {
         let src = Database::builder().open(snapshot).map_err(map_err)?;
         let src = src.begin_read().map_err(map_err)?;
+        // A snapshot of a later format may hold records this build cannot read; one of
+        // format 7 holds only records it reads, and the store keeps its own number, so that
+        // once promoted (writing records of this format) earlier releases refuse it.
+        let theirs = src
+            .open_table(META)
+            .map_err(map_err)?
+            .get(META_FORMAT)
+            .map_err(map_err)?
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map(u64::from_le_bytes);
+        if let Some(v) = theirs.filter(|&v| v > u64::from(FORMAT_VERSION)) {
+            return Err(StoreError::UnknownFormat {
+                path: snapshot.to_path_buf(),
+                found: u32::try_from(v).unwrap_or(u32::MAX),
+            });
+        }
+        let own_format = (theirs == Some(u64::from(FORMAT_7))).then_some(META_FORMAT);
         let before = self.read()?;
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
@@ -171,6 +188,7 @@ impl Store {
             .iter()
             .map(|(k, _)| *k)
             .chain([META_LOG_SEQ, META_LOG_ID])
+            .chain(own_format)
             .collect();
         sync_table(&src, &tx, META, &mut |k| {
             std::str::from_utf8(k).is_ok_and(|k| keep.contains(&k))
@@ -383,5 +401,40 @@ mod tests {
         // quotas agree with what the store now holds.
         assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
         assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+    }
+
+    /// A snapshot of format 7 (a writer of an earlier release) leaves the follower's store
+    /// its own number, which this build's records need once it is promoted; one of a later
+    /// format than this build reads is refused, the store left as it was.
+    #[test]
+    fn a_snapshot_keeps_the_store_s_format_or_is_refused_when_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open_or_create(&dir.path().join("a.redb"), (0, 0)).unwrap();
+        let b = Store::open_or_create(&dir.path().join("b.redb"), (0, 0)).unwrap();
+        let r = b.read().unwrap();
+        let commit = r.commit_number().unwrap();
+        let snap = dir.path().join("snap.redb");
+        r.copy_to(&snap, &mut |_| {}).unwrap();
+        drop(r);
+        drop(b);
+        let stamp = |v: u64| {
+            let db = Database::builder().open(&snap).unwrap();
+            let tx = db.begin_write().unwrap();
+            tx.open_table(META)
+                .unwrap()
+                .insert(META_FORMAT, v.to_le_bytes().as_slice())
+                .unwrap();
+            tx.commit().unwrap();
+        };
+        let format = |s: &Store| s.read().unwrap().meta_u64(META_FORMAT).unwrap();
+        stamp(u64::from(FORMAT_7));
+        a.become_snapshot(&snap, commit, &[]).unwrap();
+        assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+        stamp(u64::from(FORMAT_VERSION) + 1);
+        let e = a.become_snapshot(&snap, commit, &[]).unwrap_err();
+        assert!(matches!(e, StoreError::UnknownFormat { .. }), "{e}");
+        let later = format!("store format version {}", FORMAT_VERSION + 1);
+        assert!(e.to_string().contains(&later), "{e}");
+        assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
     }
 }

@@ -256,9 +256,19 @@ impl Store {
         if let Some(m) = w.marked()? {
             w.put_meta(META_MARKED, &m.to_le_bytes())?;
         }
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(META_FORMAT, &(schema::FORMAT_7 as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), "store format 6 migrated to 7: new history records are written compactly, which earlier releases cannot read");
+        Ok(())
+    }
+
+    /// Migrates a format-7 store: only its number changes (see `schema::FORMAT_7`).
+    fn stamp_format_8(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), "store format 7 migrated to 8: inode and directory usage records are written compactly, which earlier releases cannot read");
         Ok(())
     }
 
@@ -293,6 +303,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_6 as u64 => {
                 drop(r);
                 self.stamp_format_7()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_7 as u64 => {
+                drop(r);
+                self.stamp_format_8()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -583,5 +598,176 @@ mod tests {
         w.commit(Sync::Durable).unwrap();
         let r = store.read().unwrap();
         assert_eq!(r.meta_u64(META_MARKED).unwrap(), Some(9));
+    }
+
+    /// Rewrites every inode record and subtree row as format 7 wrote them (inode record
+    /// version 2, subtree record version 1) and stamps the store 7.
+    fn back_to_format_7(store: &Store) {
+        let mut w = store.write().unwrap();
+        w.without_history();
+        {
+            let mut t = w.tx.open_table(INODES).unwrap();
+            let all: Vec<(u64, Vec<u8>)> = t
+                .iter()
+                .unwrap()
+                .map(|i| {
+                    let (k, v) = i.unwrap();
+                    (k.value(), v.value().to_vec())
+                })
+                .collect();
+            for (ino, b) in all {
+                let old = Inode::decode(ino, &b)
+                    .unwrap()
+                    .encode_version_2(inline_part(&b));
+                t.insert(ino, old.as_slice()).unwrap();
+            }
+            let mut t = w.tx.open_table(SUBTREE).unwrap();
+            let all: Vec<(u64, SubtreeRecord)> = t
+                .iter()
+                .unwrap()
+                .map(|i| {
+                    let (k, v) = i.unwrap();
+                    (k.value(), SubtreeRecord::decode(v.value()).unwrap())
+                })
+                .collect();
+            assert!(!all.is_empty());
+            for (dir, row) in all {
+                t.insert(dir, row.encode_version_1().as_slice()).unwrap();
+            }
+        }
+        w.put_meta(META_FORMAT, &7u64.to_le_bytes()).unwrap();
+        w.commit(Sync::Durable).unwrap();
+    }
+
+    /// The record versions of every inode record and every subtree row.
+    fn versions(r: &crate::store::ReadTxn) -> (Vec<u8>, Vec<u8>) {
+        let first = |v: &[u8]| v[0];
+        let inodes = r.tx.open_table(INODES).unwrap();
+        let rows = r.tx.open_table(SUBTREE).unwrap();
+        let mut a: Vec<u8> = inodes
+            .iter()
+            .unwrap()
+            .map(|i| first(i.unwrap().1.value()))
+            .collect();
+        let mut b: Vec<u8> = rows
+            .iter()
+            .unwrap()
+            .map(|i| first(i.unwrap().1.value()))
+            .collect();
+        a.dedup();
+        b.dedup();
+        (a, b)
+    }
+
+    /// A store of format 7 (inode records of version 2, subtree rows of version 1, and
+    /// history's before-images of such records) is stamped 8 at open, nothing rewritten; its
+    /// files and their earlier versions read as before, read-only too, `check` finds nothing,
+    /// and a record changed after is written in the new form.
+    #[test]
+    fn a_format_7_store_is_stamped_8_at_open_and_keeps_its_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let (f, first_point) = {
+            let store = Store::open_or_create(&path, (1000, 1000)).unwrap();
+            store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+            let mut w = store.write().unwrap();
+            let mut root = w.inode(ROOT_INO).unwrap().unwrap();
+            let d = Inode {
+                ino: w.alloc_ino().unwrap(),
+                kind: Kind::Dir,
+                perm: 0o755,
+                nlink: 2,
+                parent: ROOT_INO,
+                name: "d".into(),
+                ..root.clone()
+            };
+            w.put_inode(&d).unwrap();
+            w.put_dirent(ROOT_INO, "d", d.ino, Kind::Dir).unwrap();
+            root.nlink += 1;
+            w.put_inode(&root).unwrap();
+            let f = Inode {
+                ino: w.alloc_ino().unwrap(),
+                kind: Kind::File,
+                perm: 0o600,
+                nlink: 1,
+                size: 3,
+                parent: d.ino,
+                name: "f.md".into(),
+                ..root.clone()
+            };
+            w.put_file(&f, b"one").unwrap();
+            w.put_dirent(d.ino, "f.md", f.ino, Kind::File).unwrap();
+            w.describe(crate::store::OpInfo {
+                op: "create",
+                paths: vec!["/d/f.md".into()],
+                ..Default::default()
+            });
+            w.commit(Sync::Durable).unwrap();
+            let first_point = store.read().unwrap().last_seq().unwrap();
+            back_to_format_7(&store);
+            // History's before-image of the file is a version-2 record.
+            let mut w = store.write().unwrap();
+            let mut g = w.inode(f.ino).unwrap().unwrap();
+            g.size = 7;
+            w.put_inode_and_chunks(&g, [(0, &b"one two"[..])]).unwrap();
+            w.describe(crate::store::OpInfo {
+                op: "write",
+                paths: vec!["/d/f.md".into()],
+                ..Default::default()
+            });
+            w.commit(Sync::Durable).unwrap();
+            back_to_format_7(&store);
+            (f.ino, first_point)
+        };
+        let content = |r: &crate::store::ReadTxn| r.chunks(f, 0, 1).unwrap()[0].clone().unwrap();
+        let earlier = |r: &crate::store::ReadTxn| {
+            let past = r.past(first_point).unwrap();
+            crate::store::TreeView::chunks(&past, f, 0, 1).unwrap()[0]
+                .clone()
+                .unwrap()
+        };
+        {
+            let store = crate::store::Store::open_read_only(&path).unwrap();
+            let r = store.read().unwrap();
+            assert_eq!(r.meta_u64(META_FORMAT).unwrap(), Some(7));
+            assert_eq!(versions(&r), (vec![2], vec![1]));
+            assert_eq!(content(&r), b"one two");
+            assert_eq!(earlier(&r), b"one");
+            assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        }
+        let store = Store::open_or_create(&path, (0, 0)).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        assert_eq!(versions(&r), (vec![2], vec![1]), "nothing is rewritten");
+        assert_eq!(content(&r), b"one two");
+        assert_eq!(earlier(&r), b"one");
+        assert_eq!(r.inode(f).unwrap().unwrap().perm, 0o600);
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        let second_point = r.last_seq().unwrap();
+        drop(r);
+        // The file changes again: its record and its directory's row take the new forms,
+        // and the version before reads from its version-2 before-image.
+        let mut w = store.write().unwrap();
+        let mut g = w.inode(f).unwrap().unwrap();
+        g.size = 5;
+        w.put_inode_and_chunks(&g, [(0, &b"three"[..])]).unwrap();
+        w.describe(crate::store::OpInfo {
+            op: "write",
+            paths: vec!["/d/f.md".into()],
+            ..Default::default()
+        });
+        w.commit(Sync::Durable).unwrap();
+        let r = store.read().unwrap();
+        let raw = r.tx.open_table(INODES).unwrap().get(f).unwrap().unwrap();
+        assert_eq!(raw.value()[0], 3);
+        assert_eq!(content(&r), b"three");
+        assert_eq!(earlier(&r), b"one");
+        let past = r.past(second_point).unwrap();
+        let got = crate::store::TreeView::chunks(&past, f, 0, 1).unwrap();
+        assert_eq!(got[0].as_deref(), Some(&b"one two"[..]));
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
     }
 }

@@ -70,10 +70,11 @@ impl Store {
         match r.meta_u64(META_FORMAT)? {
             // A format-4 store reads as it is: its content is all in blobs, which format 5
             // reads too; a format-5 store too: its history records are whole and its blobs
-            // full, which format 6 reads too; a format-6 store, whose records this build
-            // reads, differs only in its number.
+            // full, which format 6 reads too; a format-6 or 7 store, whose records this
+            // build reads, differs only in its number.
             Some(v)
                 if v == FORMAT_VERSION as u64
+                    || v == FORMAT_7 as u64
                     || v == FORMAT_6 as u64
                     || v == FORMAT_5 as u64
                     || v == FORMAT_WITHOUT_INLINE as u64 => {}

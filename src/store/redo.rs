@@ -162,9 +162,29 @@ pub fn check(payload: &[u8]) -> Result<(), (usize, String)> {
                     format!("a value of {n} bytes does not fit table {table}"),
                 ));
             }
+            if let Some(v) = newer_format(name, key, value) {
+                return Err((
+                    start,
+                    format!(
+                        "it stamps store format {v}, but this redbfs reads version \
+                         {FORMAT_VERSION}: its records come from a later release"
+                    ),
+                ));
+            }
         }
     }
     Ok(())
+}
+
+/// The store format a `meta` put stamps, when it is one this build does not know (a writer
+/// of a later release migrating its store): its later records may hold forms this build
+/// cannot read, so a replica's segment holding it is refused rather than applied.
+fn newer_format(table: &[u8], key: &[u8], value: &[u8]) -> Option<u64> {
+    if table != b"meta" || key != META_FORMAT.as_bytes() {
+        return None;
+    }
+    let v = u64::from_le_bytes(value.try_into().ok()?);
+    (v > u64::from(FORMAT_VERSION)).then_some(v)
 }
 
 /// Reads a record's entries from the front.

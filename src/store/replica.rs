@@ -526,6 +526,14 @@ mod tests {
                 "does not fit table dirents",
             ),
             (put("nope", &[0; 8], b""), "unknown table"),
+            (
+                put(
+                    "meta",
+                    b"format",
+                    &(u64::from(FORMAT_VERSION) + 1).to_le_bytes(),
+                ),
+                "its records come from a later release",
+            ),
             (vec![9, 0], "unknown operation"),
             (good[..good.len() - 1].to_vec(), "cut short"),
         ] {
