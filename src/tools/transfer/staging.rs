@@ -2,6 +2,7 @@
 //! an entry passes to be staged, the staged entries with their content (an anonymous
 //! temporary file), and the one write transaction that adds them to the store.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use serde::Serialize;
@@ -199,6 +200,11 @@ pub(super) fn commit(
 ///
 /// `--max-files` and `--quota` hold here, counting what the store holds already: an entry that
 /// would take the store past either is skipped and listed (a directory with all below it).
+///
+/// The inode records go first, in the order their numbers are handed out, then every new
+/// directory entry in key order: each table then grows at its end only, and redb leaves the
+/// leaves it has moved past full (entries put in the staging's depth-first order land among
+/// the keys of the directories staged before, and split leaves in half).
 fn commit_staged(
     w: &mut WriteTxn<'_>,
     limits: &Limits,
@@ -208,6 +214,8 @@ fn commit_staged(
 ) -> Result<()> {
     // The inode each staged directory became (None: skipped, and so is everything below it).
     let mut made: Vec<Option<u64>> = Vec::with_capacity(staged.len());
+    // The entries made, written after the loop in key order.
+    let mut entries_made: BTreeMap<(u64, &str), (u64, Kind)> = BTreeMap::new();
     let now = now_ns();
     let usage = w.usage().map_err(err)?;
     let mut entries = usage.files + usage.dirs;
@@ -221,7 +229,12 @@ fn commit_staged(
             made.push(None);
             continue;
         };
-        match w.lookup(parent, &e.name).map_err(err)? {
+        let made_here = entries_made.get(&(parent, e.name.as_str())).copied();
+        let found = match made_here {
+            Some(m) => Some(m),
+            None => w.lookup(parent, &e.name).map_err(err)?,
+        };
+        match found {
             Some((ino, Kind::Dir)) if e.kind == Kind::Dir => {
                 made.push(Some(ino));
                 continue;
@@ -246,22 +259,28 @@ fn commit_staged(
         } else {
             entries += 1;
             content += size;
-            made.push(add_entry(w, e, (parent, now), staging, report)?);
+            let (ino, kind) = add_entry(w, e, (parent, now), staging, report)?;
+            entries_made.insert((parent, e.name.as_str()), (ino, kind));
+            made.push((kind == Kind::Dir).then_some(ino));
             continue;
         }
         made.push(None);
     }
+    for ((parent, name), (ino, kind)) in &entries_made {
+        w.put_dirent(*parent, name, *ino, *kind).map_err(err)?;
+    }
     Ok(())
 }
 
-/// Adds one staged entry below `parent`, made at `now`; Some(its inode) for a directory.
+/// Adds one staged entry's inode below `parent`, made at `now` (its directory entry is the
+/// caller's to write); its inode and kind.
 fn add_entry(
     w: &mut WriteTxn<'_>,
     e: &Staged,
     (parent, now): (u64, i64),
     staging: &Staging,
     report: &mut ImportReport,
-) -> Result<Option<u64>> {
+) -> Result<(u64, Kind)> {
     let is_dir = e.kind == Kind::Dir;
     let mut inode = Inode {
         ino: w.alloc_ino().map_err(err)?,
@@ -280,20 +299,16 @@ fn add_entry(
     };
     if is_dir {
         w.put_inode(&inode).map_err(err)?;
-        w.put_dirent(parent, &e.name, inode.ino, e.kind)
-            .map_err(err)?;
         let mut p = w.inode(parent).map_err(err)?.ok_or("parent vanished")?;
         p.nlink += 1;
         w.put_inode(&p).map_err(err)?;
         report.dirs += 1;
-        return Ok(Some(inode.ino));
+        return Ok((inode.ino, e.kind));
     }
     let data = staging.get(e.content)?;
     inode.size = data.len() as u64;
     w.put_file(&inode, &data).map_err(err)?;
-    w.put_dirent(parent, &e.name, inode.ino, e.kind)
-        .map_err(err)?;
     report.files += 1;
     report.bytes += inode.size;
-    Ok(None)
+    Ok((inode.ino, e.kind))
 }
