@@ -124,10 +124,11 @@
 //! written by every commit of a build that keeps them, so a store changed by an older build
 //! (which leaves it behind "log_seq") has them rebuilt at its next open.
 //!
-//! `SubtreeRecord`, version 2 (format 8): u8 record version (2), then the seven fields of
-//! version 1 below, in its order, as varints (a directory of 100 files without a quota
-//! takes 9 bytes, not 49). Rows of version 1 are still read, and rewritten as version 2
-//! when their counts next change.
+//! `SubtreeRecord`, version 2 (format 8): u8 record version (2), then the fields of
+//! version 1 below, in its order, as varints, the two quota fields only when either is set
+//! (a directory of 100 files without a quota takes 7 bytes, not 49, so the rows of a few
+//! hundred directories share one page). Rows of version 1 are still read, and rewritten as
+//! version 2 when their counts next change.
 //!
 //! `SubtreeRecord`, version 1 (format 7 and before; little-endian, 49 bytes):
 //!
@@ -2343,12 +2344,15 @@ impl SubtreeRecord {
         self.quota_bytes > 0 || self.quota_files > 0
     }
 
-    /// The record, version 2 (see "Per-directory aggregates").
+    /// The record, version 2 (see "Per-directory aggregates"): the quota fields only when
+    /// the directory has a quota.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16);
         out.push(SUBTREE_RECORD_VARINTS);
-        for v in self.fields() {
-            put_varint(&mut out, v);
+        let fields = self.fields();
+        let n = if self.has_quota() { 7 } else { 5 };
+        for v in &fields[..n] {
+            put_varint(&mut out, *v);
         }
         out
     }
@@ -2401,7 +2405,11 @@ impl SubtreeRecord {
             SUBTREE_RECORD_VARINTS => {
                 let mut at = 1;
                 let mut f = [0u64; 7];
-                for v in &mut f {
+                for (n, v) in f.iter_mut().enumerate() {
+                    // No quota: the record ends after the bounds.
+                    if n == 5 && at == b.len() {
+                        break;
+                    }
                     *v = take_varint(b, &mut at)?;
                 }
                 if at != b.len() {
@@ -2447,8 +2455,36 @@ mod subtree_tests {
         assert_eq!(b.len(), 1 + 6 + 6);
         assert_eq!(SubtreeRecord::decode(&b), Some(r));
         for cut in 0..b.len() {
-            assert_eq!(SubtreeRecord::decode(&b[..cut]), None, "cut at {cut}");
+            // Cut after the bounds, it is the record without a quota.
+            let want = (cut == 1 + 4 + 6).then_some(SubtreeRecord {
+                quota_bytes: 0,
+                quota_files: 0,
+                ..r
+            });
+            assert_eq!(SubtreeRecord::decode(&b[..cut]), want, "cut at {cut}");
         }
+        // Without a quota, the record ends after the bounds; either quota field alone
+        // brings both.
+        let plain = SubtreeRecord {
+            quota_bytes: 0,
+            quota_files: 0,
+            ..r
+        };
+        assert_eq!(plain.encode().len(), 1 + 4 + 6);
+        assert_eq!(SubtreeRecord::decode(&plain.encode()), Some(plain));
+        for (quota_bytes, quota_files) in [(6, 0), (0, 7)] {
+            let q = SubtreeRecord {
+                quota_bytes,
+                quota_files,
+                ..r
+            };
+            assert_eq!(q.encode().len(), 1 + 4 + 6 + 2);
+            assert_eq!(SubtreeRecord::decode(&q.encode()), Some(q));
+        }
+        // One quota field without the other is no record.
+        let mut half = plain.encode();
+        half.push(6);
+        assert_eq!(SubtreeRecord::decode(&half), None);
         let mut long = b.clone();
         long.push(0);
         assert_eq!(SubtreeRecord::decode(&long), None);
