@@ -977,6 +977,34 @@ fn an_import_skips_a_second_spelling_of_a_name_it_made() {
     assert!(ok(redbfs(&["check", s(&store)])).contains("clean"));
 }
 
+/// `status` of an unmounted store gives the format it is of: one of an older format is read
+/// as it is, and keeps its number until a mount migrates it.
+#[test]
+fn status_of_an_unmounted_store_names_its_own_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    drop(Store::open_or_create(&store, (0, 0)).unwrap());
+    let format = |store: &Path| -> u64 {
+        let out = ok(redbfs(&["status", s(store), "--json"]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["format"].as_u64().unwrap()
+    };
+    assert_eq!(format(&store), u64::from(redbfs::store::FORMAT_VERSION));
+    {
+        let db = redb::Database::open(&store).unwrap();
+        let tx = db.begin_write().unwrap();
+        tx.open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
+            .unwrap()
+            .insert("format", 7u64.to_le_bytes().as_slice())
+            .unwrap();
+        tx.commit().unwrap();
+    }
+    assert_eq!(format(&store), 7);
+    assert!(ok(redbfs(&["check", s(&store)])).contains("clean"));
+    drop(Store::open_existing(&store).unwrap());
+    assert_eq!(format(&store), u64::from(redbfs::store::FORMAT_VERSION));
+}
+
 /// History costs an import that only creates next to nothing: its record is one range of
 /// new inode numbers and one entry per new top-level name, and history's key index holds only
 /// those names. Two imports of 5,000 files of 100 bytes, one into a store with history on and
