@@ -39,6 +39,7 @@ pub mod schema;
 #[doc(hidden)]
 pub mod sim;
 mod subtree;
+mod tables;
 pub mod wal;
 mod write;
 
