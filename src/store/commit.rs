@@ -182,7 +182,7 @@ impl WriteTxn<'_> {
             return Ok(false);
         }
         // Close to full: count the free pages inside the file too.
-        let stats = self.tx.stats().map_err(map_err)?;
+        let stats = self.tx.get().stats().map_err(map_err)?;
         let used = stats.allocated_pages() * stats.page_size() as u64;
         // Pages of the file that are backed by disk blocks but free; redb grows the file sparse,
         // so its length overstates them.
@@ -267,7 +267,7 @@ impl WriteTxn<'_> {
     /// gap), and does so before redb's write lock goes: the guard is dropped before `self`,
     /// and a failure of redb's own commit, which lets go of the lock, happens under the
     /// log's pending lock, which the next writer must take and check first.
-    fn finish_as(mut self, seq: u64, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
+    fn finish_as(self, seq: u64, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
         let store = self.store;
         let mut gap = GapGuard { store, armed: true };
         store.injected_panic(fault::PanicAt::Numbered);
@@ -347,11 +347,11 @@ impl WriteTxn<'_> {
         let mark = pending.push(seq, redo.as_deref().unwrap_or_default());
         let crossed = quarter(pending.used()) != before;
         store.injected_panic(fault::PanicAt::Appended);
-        let committed = self
-            .tx
+        let mut tx = self.tx.into_inner();
+        let committed = tx
             .set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))
-            .and_then(|()| self.tx.commit().map_err(map_err));
+            .and_then(|()| tx.commit().map_err(map_err));
         if let Err(e) = committed {
             pending.unpush(mark);
             wal.fail();
@@ -375,7 +375,7 @@ impl WriteTxn<'_> {
     /// log.
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
         self.store.injected_panic(fault::PanicAt::Checkpoint);
-        let mut tx = self.tx;
+        let mut tx = self.tx.into_inner();
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;

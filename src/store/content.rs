@@ -68,9 +68,25 @@ pub(super) fn chunk_content(
     }
 }
 
-/// A table of blob values.
-pub(super) trait BlobTable: ReadableTable<u64, &'static [u8]> {}
-impl<T: ReadableTable<u64, &'static [u8]>> BlobTable for T {}
+/// A table of blob values: a read transaction's, or one a write transaction lends out.
+pub(super) trait BlobTable {
+    type Table: ReadableTable<u64, &'static [u8]>;
+    fn table(&self) -> &Self::Table;
+}
+
+impl BlobTable for redb::ReadOnlyTable<u64, &'static [u8]> {
+    type Table = Self;
+    fn table(&self) -> &Self {
+        self
+    }
+}
+
+impl BlobTable for std::cell::RefMut<'_, redb::Table<'static, u64, &'static [u8]>> {
+    type Table = redb::Table<'static, u64, &'static [u8]>;
+    fn table(&self) -> &Self::Table {
+        self
+    }
+}
 
 /// The two tables a blob's value may be in: `blobs` (full or redacted) and `blob_deltas`
 /// (a store before format 6 has no such table).
@@ -81,8 +97,10 @@ pub(super) struct Blobs<F, D> {
 
 type ReadBlobs =
     Blobs<redb::ReadOnlyTable<u64, &'static [u8]>, redb::ReadOnlyTable<u64, &'static [u8]>>;
-type WriteBlobs<'t> =
-    Blobs<redb::Table<'t, u64, &'static [u8]>, redb::Table<'t, u64, &'static [u8]>>;
+type WriteBlobs<'t> = Blobs<
+    std::cell::RefMut<'t, redb::Table<'static, u64, &'static [u8]>>,
+    std::cell::RefMut<'t, redb::Table<'static, u64, &'static [u8]>>,
+>;
 
 impl<F: BlobTable, D: BlobTable> Blobs<F, D> {
     /// Blob `id`'s stored value, in whichever table holds it.
@@ -90,11 +108,11 @@ impl<F: BlobTable, D: BlobTable> Blobs<F, D> {
         &self,
         id: u64,
     ) -> Result<Option<redb::AccessGuard<'_, &'static [u8]>>, StoreError> {
-        if let Some(v) = self.full.get(id).map_err(map_err)? {
+        if let Some(v) = self.full.table().get(id).map_err(map_err)? {
             return Ok(Some(v));
         }
         match &self.deltas {
-            Some(d) => d.get(id).map_err(map_err),
+            Some(d) => d.table().get(id).map_err(map_err),
             None => Ok(None),
         }
     }
@@ -104,12 +122,12 @@ impl<F: BlobTable, D: BlobTable> Blobs<F, D> {
         &self,
         mut f: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        for item in self.full.iter().map_err(map_err)? {
+        for item in self.full.table().iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
             f(k.value(), v.value())?;
         }
         if let Some(d) = &self.deltas {
-            for item in d.iter().map_err(map_err)? {
+            for item in d.table().iter().map_err(map_err)? {
                 let (k, v) = item.map_err(map_err)?;
                 f(k.value(), v.value())?;
             }
@@ -435,7 +453,7 @@ impl WriteTxn<'_> {
         let inodes = self.tx.open_table(INODES).map_err(map_err)?;
         let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let blobs = self.blobs()?;
-        chunk_in(&inodes, &map, &blobs, ino, idx)
+        chunk_in(&*inodes, &*map, &blobs, ino, idx)
     }
 
     /// The tables blobs are in, open for writing (no other open of them may overlap).

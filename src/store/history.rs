@@ -1526,7 +1526,7 @@ impl WriteTxn<'_> {
     /// Part `part` of record `seq`'s undo entries.
     fn undo_part(&self, seq: u64, part: u32) -> Result<Vec<Undo>, StoreError> {
         let t = self.tx.open_table(HISTORY_UNDO).map_err(map_err)?;
-        read_part(Some(&t), seq, part)
+        read_part(Some(&*t), seq, part)
     }
 
     /// Applies the undo entries of every record above `after`, newest record and newest
@@ -1884,7 +1884,7 @@ impl WriteTxn<'_> {
                     let (k, val) = item.map_err(map_err)?;
                     let mut r = HistoryRecord::decode(k.value(), val.value())
                         .ok_or_else(|| corrupt("history record", k.value()))?;
-                    fill_undo(Some(&parts), &mut r)?;
+                    fill_undo(Some(&*parts), &mut r)?;
                     v.push(r);
                 }
                 v

@@ -9,7 +9,8 @@
 //! This file holds what every room shares: the error, the `Store` handle and its state. The
 //! rooms: `schema` says what is on disk (every table, key and record layout); `open` opens,
 //! migrates and recovers a store and closes it; `read` and `write` are the two transactions
-//! with the schema's accessors; `content` stores file content in blobs and counts their
+//! with the schema's accessors (`tables`: the tables a write transaction keeps open until it
+//! commits); `content` stores file content in blobs and counts their
 //! references; `history` captures before-images, keeps history's indexes and answers history
 //! queries; `past` reads the tree as it was at a point of history through those indexes;
 //! `subtree` keeps what every directory carries (the counts below it, bounds of its paths, its
@@ -39,6 +40,7 @@ pub mod schema;
 #[doc(hidden)]
 pub mod sim;
 mod subtree;
+mod tables;
 pub mod wal;
 mod write;
 

@@ -351,7 +351,7 @@ impl WriteTxn<'_> {
                             inodes = Some(self.tx.open_table(INODES).map_err(map_err)?);
                         }
                         let t = inodes.as_ref().expect("opened above");
-                        let i = super::read::get_inode_in(t, cur)?.ok_or_else(|| {
+                        let i = super::read::get_inode_in(&**t, cur)?.ok_or_else(|| {
                             StoreError::Corrupt(format!(
                                 "directory {cur} above a changed entry is missing"
                             ))
@@ -617,7 +617,7 @@ impl WriteTxn<'_> {
         }
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
         if !self.agg.rebuilt
-            && meta_u64_in(&meta, META_SUBTREE_SEQ)? != meta_u64_in(&meta, META_LOG_SEQ)?
+            && meta_u64_in(&*meta, META_SUBTREE_SEQ)? != meta_u64_in(&*meta, META_LOG_SEQ)?
         {
             return Ok(());
         }

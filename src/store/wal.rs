@@ -56,17 +56,26 @@ pub fn path_of(store: &Path) -> PathBuf {
 }
 
 fn hash(id: u64, seq: u64, payload: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let len = (payload.len() as u32).to_le_bytes();
-    for b in id
-        .to_le_bytes()
-        .iter()
-        .chain(&seq.to_le_bytes())
-        .chain(&len)
-        .chain(payload)
-    {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    let h = fnv1a(0xcbf2_9ce4_8422_2325, &id.to_le_bytes());
+    let h = fnv1a(h, &seq.to_le_bytes());
+    let h = fnv1a(h, &(payload.len() as u32).to_le_bytes());
+    fnv1a(h, payload)
+}
+
+/// FNV-1a over `bytes`, continuing from `h`: a byte at a time, as FNV-1a is, but over a plain
+/// slice, eight bytes to each load, rather than through a chain of iterators.
+fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let mut w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        for _ in 0..8 {
+            h = (h ^ (w & 0xff)).wrapping_mul(PRIME);
+            w >>= 8;
+        }
+    }
+    for &b in words.remainder() {
+        h = (h ^ b as u64).wrapping_mul(PRIME);
     }
     h
 }
@@ -461,6 +470,31 @@ mod tests {
     fn append(wal: &Wal, seq: u64, payload: &[u8]) {
         wal.pending().unwrap().push(seq, payload);
         wal.sync_to(seq).unwrap();
+    }
+
+    /// The checksum is FNV-1a over the log id, the number, the length and the payload, as
+    /// every log written so far has it.
+    #[test]
+    fn checksum_is_fnv1a_of_id_number_length_and_payload() {
+        let payload: Vec<u8> = (0..1000u32).map(|i| ((i * 7 + 3) % 256) as u8).collect();
+        assert_eq!(
+            hash(0x1234_5678_9abc_def0, 42, &payload),
+            0xb4d1_d0c0_ce4a_428a
+        );
+        assert_eq!(hash(1, 1, &[]), 0x019c_c2bb_67e1_c915);
+        for len in 0..20 {
+            let p = &payload[..len];
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            let mut bytes = Vec::new();
+            bytes.extend_from_slice(&9u64.to_le_bytes());
+            bytes.extend_from_slice(&3u64.to_le_bytes());
+            bytes.extend_from_slice(&(len as u32).to_le_bytes());
+            bytes.extend_from_slice(p);
+            for b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+            assert_eq!(hash(9, 3, p), h, "payload of {len} bytes");
+        }
     }
 
     #[test]

@@ -59,7 +59,8 @@ pub(super) struct UsageDelta {
 /// `set_orphan`); with history on, each captures the key's value before the transaction's
 /// first change to it, and the record of those before-images is appended at commit.
 pub struct WriteTxn<'s> {
-    pub(super) tx: redb::WriteTransaction,
+    /// The redb transaction, with the tables it has opened (each once).
+    pub(super) tx: super::tables::Tx,
     pub(super) store: &'s Store,
     /// Every put and remove so far, encoded for the write-ahead log (`redo_put`), until it
     /// outgrows `Store::record_limit` (the commit is then a checkpoint).
@@ -132,7 +133,7 @@ impl Store {
             e
         })?;
         Ok(WriteTxn {
-            tx,
+            tx: super::tables::Tx::new(tx),
             store: self,
             redo: Redo::new(self.record_limit()),
             usage: UsageDelta::default(),
@@ -179,11 +180,15 @@ impl WriteTxn<'_> {
     }
 
     pub fn inode(&self, ino: u64) -> Result<Option<Inode>, StoreError> {
-        get_inode_in(&self.tx.open_table(INODES).map_err(map_err)?, ino)
+        get_inode_in(&*self.tx.open_table(INODES).map_err(map_err)?, ino)
     }
 
     pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError> {
-        lookup_in(&self.tx.open_table(DIRENTS).map_err(map_err)?, parent, name)
+        lookup_in(
+            &*self.tx.open_table(DIRENTS).map_err(map_err)?,
+            parent,
+            name,
+        )
     }
 
     /// Calls `f` with a reader of inode records (`None` for a missing or unreadable one) over
@@ -194,13 +199,13 @@ impl WriteTxn<'_> {
         f: impl FnOnce(&dyn Fn(u64) -> Option<Inode>) -> R,
     ) -> Result<R, StoreError> {
         let t = self.tx.open_table(INODES).map_err(map_err)?;
-        Ok(f(&|ino| get_inode_in(&t, ino).ok().flatten()))
+        Ok(f(&|ino| get_inode_in(&*t, ino).ok().flatten()))
     }
 
     /// Up to `limit` entries of directory `parent`, in name order.
     pub fn list(&self, parent: u64, limit: usize) -> Result<Vec<DirEntry>, StoreError> {
         list_in(
-            &self.tx.open_table(DIRENTS).map_err(map_err)?,
+            &*self.tx.open_table(DIRENTS).map_err(map_err)?,
             parent,
             limit,
         )
@@ -213,7 +218,7 @@ impl WriteTxn<'_> {
     /// Takes `count` consecutive values of the counter `key`; returns the first.
     pub(super) fn next_counters(&self, key: &str, count: u64) -> Result<u64, StoreError> {
         let mut meta = self.tx.open_table(META).map_err(map_err)?;
-        let n = meta_u64_in(&meta, key)?
+        let n = meta_u64_in(&*meta, key)?
             .ok_or_else(|| StoreError::Corrupt(format!("meta {key} missing")))?;
         let bytes = (n + count).to_le_bytes();
         meta.insert(key, bytes.as_slice()).map_err(map_err)?;
@@ -446,7 +451,7 @@ impl WriteTxn<'_> {
     }
 
     pub fn orphans(&self) -> Result<Vec<u64>, StoreError> {
-        orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
+        orphans_in(&*self.tx.open_table(ORPHANS).map_err(map_err)?)
     }
 
     pub fn put_meta(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
@@ -477,7 +482,7 @@ impl WriteTxn<'_> {
 
     pub fn usage(&self) -> Result<Usage, StoreError> {
         let meta = self.tx.open_table(META).map_err(map_err)?;
-        let get = |k| meta_u64_in(&meta, k).map(|v| v.unwrap_or(0));
+        let get = |k| meta_u64_in(&*meta, k).map(|v| v.unwrap_or(0));
         let apply = |base: u64, d: i64| base.saturating_add_signed(d);
         Ok(Usage {
             files: apply(get(META_FILES)?, self.usage.files),
