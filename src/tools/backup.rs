@@ -42,8 +42,9 @@ pub fn verify(path: &Path) -> Result<()> {
 /// Runs redb's integrity check of the store file at `path` (every page's checksum, the
 /// allocator state rebuilt from the trees and compared), then `check` of the file read
 /// through the same opening, whose cache the integrity check filled: the file is read from
-/// the kernel once. (Run side by side on two openings, the two took 25% more CPU than one
-/// after the other, each reading the whole file.) The file is good only if both say so;
+/// the kernel once. (Run side by side on two openings, each read the whole file into a
+/// cache of its own: more CPU than the overlap saved in time on two cores.) The file is
+/// good only if both say so;
 /// redb's finding is the one reported when it finds something, and `check` then does not
 /// run. A panic in `check` is a failure, never a pass. A store read from a private copy
 /// (one that had to be recovered or migrated) is checked on that copy.
