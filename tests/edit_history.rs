@@ -442,6 +442,83 @@ fn check_finds_a_kept_content_that_does_not_match() {
     );
 }
 
+/// `check` rebuilds the later links of a run of kept images once, with the oldest, and
+/// finds the same as rebuilding each image on its own: with one link in the middle of a run
+/// damaged, exactly the images whose own rebuild fails are reported, and none before.
+#[test]
+fn check_finds_a_damaged_link_in_the_middle_of_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    let ino = write(&fs, ME, "mem.md", &version(600, 0));
+    for v in 1..=8 {
+        in_place(&fs, "mem.md", &version(600, v));
+    }
+    assert_checks(&fs);
+    let kept = |fs: &Fs| -> Vec<(u64, Vec<u8>)> {
+        records(fs)
+            .into_iter()
+            .flat_map(|r| {
+                r.undo.into_iter().filter_map(move |u| match u {
+                    Undo::Inode {
+                        ino: i,
+                        old: Some(b),
+                    } if i == ino && redbfs::store::content_kept(&b) => Some((r.seq, b)),
+                    _ => None,
+                })
+            })
+            .collect()
+    };
+    let before = kept(&fs);
+    assert!(before.len() >= 6, "{} kept images", before.len());
+    let mut sorted: Vec<u64> = before.iter().map(|(s, _)| *s).collect();
+    sorted.sort_unstable();
+    let middle = sorted[sorted.len() / 2];
+    let mut record = records(&fs).into_iter().find(|r| r.seq == middle).unwrap();
+    for u in &mut record.undo {
+        if let Undo::Inode {
+            ino: i,
+            old: Some(b),
+        } = u
+            && *i == ino
+        {
+            let n = b.len();
+            b[n - 1] ^= 0xff;
+        }
+    }
+    let mut w = fs.store().write().unwrap();
+    w.without_history();
+    w.put_record(&record).unwrap();
+    w.commit(Sync::Durable).unwrap();
+    let r = fs.store().read().unwrap();
+    let finding = |seq: u64| {
+        format!(
+            "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+        )
+    };
+    let want: Vec<String> = kept(&fs)
+        .into_iter()
+        .filter(|(seq, b)| r.whole_image(*seq, ino, b).is_err())
+        .map(|(seq, _)| finding(seq))
+        .collect();
+    assert!(want.contains(&finding(middle)), "{want:?}");
+    let found: Vec<String> = redbfs::check::invariants(&r)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.contains("as the version after it"))
+        .collect();
+    let mut found_sorted = found.clone();
+    found_sorted.sort();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(found_sorted, want_sorted);
+    // Nothing after the damaged link is reported.
+    for (seq, _) in kept(&fs) {
+        if seq > middle {
+            assert!(!found.contains(&finding(seq)), "{seq}");
+        }
+    }
+}
+
 /// An edit's record is held in one value, and history's key index refers to it (empty
 /// values) rather than copying each before-image: `show`, `revert` and `check` read the
 /// record. An entry by reference for a key its record does not hold is found.

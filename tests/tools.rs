@@ -347,9 +347,9 @@ fn snapshot_of_a_100k_file_store_mounted_and_not() {
     m.mount();
     let live = m.dir.path().join("live.redb");
     ok(redbfs(&["snapshot", s(&m.mountpoint), s(&live)]));
-    // The check of the copy holds its whole tree in memory; the daemon has it done in a
-    // process of its own, so its peak stays at its caches (redb's 32 MiB, the copy's 8 MiB)
-    // and its code, whatever the store's size.
+    // The check of the copy holds its whole tree in memory; the daemon has a copy this
+    // large checked in a process of its own, so its peak stays at its caches (redb's 32 MiB,
+    // the copy's 1 MiB) and its code, whatever the store's size.
     let status: serde_json::Value =
         serde_json::from_str(&ok(redbfs(&["status", s(&m.mountpoint), "--json"]))).unwrap();
     let hwm_kb = std::fs::read_to_string(format!("/proc/{}/status", status["pid"]))
@@ -374,6 +374,63 @@ fn snapshot_of_a_100k_file_store_mounted_and_not() {
         ok(redbfs(&["cat", s(&live), "/d042/m099942.md"])),
         "memory number 99942"
     );
+}
+
+/// A snapshot of a mounted store is checked whatever its size: a copy small enough is
+/// checked in the daemon, a larger one in a process of its own, and either way a store whose
+/// content does not match its checksum (changed through redb, so every page checksum holds)
+/// is refused and nothing is left under the snapshot's name.
+#[test]
+fn a_mounted_snapshot_is_checked_small_and_large() {
+    if !fuse_available() {
+        return;
+    }
+    for n in [200u64, 60_000] {
+        let mut m = TestMount::new();
+        m.unmount();
+        std::fs::remove_file(&m.store).unwrap();
+        build_store(&m.store, n);
+        m.mount();
+        let good = m.dir.path().join("good.redb");
+        ok(redbfs(&["snapshot", s(&m.mountpoint), s(&good)]));
+        let size = std::fs::metadata(&good).unwrap().len();
+        assert_eq!(
+            size > redbfs::tools::CHECKED_HERE_MAX,
+            n > 200,
+            "a copy of {size} bytes"
+        );
+        assert!(ok(redbfs(&["check", s(&good)])).contains("clean"));
+        m.unmount();
+        damage_a_blob(&m.store);
+        m.mount();
+        let bad = m.dir.path().join("bad.redb");
+        let out = redbfs(&["snapshot", s(&m.mountpoint), s(&bad)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("checksum"),
+            "{n} files: {err}"
+        );
+        assert!(!bad.exists(), "a snapshot of a damaged store was left");
+    }
+}
+
+/// Changes the last byte of the first blob's stored value through redb: its pages stay
+/// whole, its content no longer matches its checksum.
+fn damage_a_blob(store: &Path) {
+    let db = redb::Database::open(store).unwrap();
+    let tx = db.begin_write().unwrap();
+    {
+        let mut t = tx
+            .open_table(redb::TableDefinition::<u64, &[u8]>::new("blobs"))
+            .unwrap();
+        let (id, mut v) = {
+            let (k, v) = redb::ReadableTable::first(&t).unwrap().unwrap();
+            (k.value(), v.value().to_vec())
+        };
+        *v.last_mut().unwrap() ^= 1;
+        t.insert(id, v.as_slice()).unwrap();
+    }
+    tx.commit().unwrap();
 }
 
 #[test]
@@ -1182,9 +1239,41 @@ fn a_copy_changed_after_writing_is_refused() {
     assert!(redbfs::tools::verify_copy_args(&intact2, &["marks".to_string()]).is_err());
 }
 
-/// A copy's check runs redb's integrity check on a thread of its own beside the tables' sums
-/// and the invariants; the copy passes only if both do. When both find something (a bit
-/// flipped in a page, and sums that do not match), redb's finding is the one reported.
+/// The sums of the inodes and the directory entries a copy's check takes while the
+/// invariants read those tables are the sums a read of every table gives, table by table,
+/// and what was copied.
+#[test]
+fn sums_taken_by_the_invariants_scans_equal_a_read_of_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    build_store(&store, 3000);
+    let out = dir.path().join("copy.redb");
+    let stats = Store::open_existing(&store)
+        .unwrap()
+        .read()
+        .unwrap()
+        .copy_to(&out, &mut |_| {})
+        .unwrap();
+    let copy = redbfs::store::ReadOnlyStore::open(&out).unwrap();
+    let plain = copy.read().unwrap().table_digests().unwrap();
+    let r = copy.read().unwrap();
+    r.sum_tables_as_read();
+    assert!(redbfs::check::invariants_of_copy(&r).unwrap().is_empty());
+    let summed = r.table_digests().unwrap();
+    assert_eq!(summed, plain);
+    assert_eq!(summed.0, stats.tables);
+    assert!(
+        summed
+            .0
+            .iter()
+            .any(|d| d.name == "inodes" && d.entries > 3000)
+    );
+}
+
+/// A copy's check runs redb's integrity check, then the tables' sums and the invariants
+/// through the same opening; the copy passes only if both do. When both would find
+/// something (a bit flipped in a page, and sums that do not match), redb's finding is the
+/// one reported.
 #[test]
 fn a_copy_damaged_in_a_page_is_reported_by_redb_beside_the_sums() {
     let dir = tempfile::tempdir().unwrap();

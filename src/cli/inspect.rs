@@ -2,6 +2,8 @@
 //! (with its `--repair`). All read a store, mounted or not, without changing it (but for
 //! `--repair` and setting a quota).
 
+use std::path::Path;
+
 use serde_json::json;
 
 use super::args::{Cat, Check, Du, Ls, Quota, Stats, Status, Tree};
@@ -95,23 +97,55 @@ pub(super) fn check(a: Check) -> Result<i32, String> {
         output::repaired(&crate::tools::repair(&t.open_existing()?)?);
     }
     let mut findings = Vec::new();
-    if !t.is_mounted() {
-        // On a private copy: redb's check may repair what it checks.
-        let mut s = ReadOnlyStore::open(&t.store).map_err(|e| e.to_string())?;
-        match s.check_integrity() {
-            Ok(true) => {}
-            Ok(false) => findings.push("redb integrity check repaired the file".to_string()),
-            Err(e) => findings.push(format!("redb integrity check failed: {e}")),
-        }
+    if t.is_mounted() {
+        let v = t.ask(json!({"op": "check"}))?;
+        findings.extend(
+            v["findings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|f| f.as_str().map(str::to_string)),
+        );
+    } else {
+        findings = check_file(&t.store)?;
     }
-    let v = t.ask(json!({"op": "check"}))?;
-    findings.extend(
-        v["findings"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|f| f.as_str().map(str::to_string)),
-    );
     output::check(&t.store, t.is_mounted(), &findings, Format::of(a.json));
     Ok(if findings.is_empty() { 0 } else { 1 })
+}
+
+/// `check` of an unmounted store: redb's integrity check, then the invariants read through
+/// the same opening (its cache holds the file the integrity check read), so the file is read
+/// once; on a private copy when the store needs recovery (redb's check may repair what it
+/// checks, and the copy is what is read).
+fn check_file(store: &Path) -> Result<Vec<String>, String> {
+    let e = |e: crate::store::StoreError| e.to_string();
+    let mut s = ReadOnlyStore::open(store).map_err(e)?;
+    let mut findings = Vec::new();
+    let integrity = |clean: Result<bool, crate::store::StoreError>, f: &mut Vec<String>| match clean
+    {
+        Ok(true) => {}
+        Ok(false) => f.push("redb integrity check repaired the file".to_string()),
+        Err(e) => f.push(format!("redb integrity check failed: {e}")),
+    };
+    if s.is_private_copy() {
+        integrity(s.check_integrity(), &mut findings);
+        findings.extend(crate::check::invariants(&s.read().map_err(e)?).map_err(e)?);
+        return Ok(findings);
+    }
+    match crate::store::check_integrity_then_read(store) {
+        Ok(checked) if checked.clean => {
+            findings.extend(crate::check::invariants(&checked.read().map_err(e)?).map_err(e)?);
+        }
+        // The invariants of the file as it is (not as redb repaired it in memory), read
+        // through the read-only opening.
+        Ok(_) => {
+            integrity(Ok(false), &mut findings);
+            findings.extend(crate::check::invariants(&s.read().map_err(e)?).map_err(e)?);
+        }
+        Err(err) => {
+            integrity(Err(err), &mut findings);
+            findings.extend(crate::check::invariants(&s.read().map_err(e)?).map_err(e)?);
+        }
+    }
+    Ok(findings)
 }

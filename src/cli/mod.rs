@@ -17,8 +17,6 @@ mod target;
 mod time;
 mod transfer;
 
-use clap::Parser;
-
 use args::{Cli, Cmd};
 
 pub fn main() -> i32 {
@@ -27,7 +25,10 @@ pub fn main() -> i32 {
     // mountpoint, an export's parents).
     let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     nix::sys::stat::umask(old | nix::sys::stat::Mode::from_bits_truncate(0o077));
-    let subcommands: Vec<String> = <Cli as clap::CommandFactory>::command()
+    // The grammar is built once (its builder is unoptimised: see Cargo.toml), for both the
+    // subcommands' names and the parse.
+    let mut grammar = <Cli as clap::CommandFactory>::command();
+    let subcommands: Vec<String> = grammar
         .get_subcommands()
         .map(|c| c.get_name().to_string())
         .chain(["help".to_string()])
@@ -39,7 +40,13 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    let cli = Cli::parse_from(args);
+    let cli = grammar
+        .try_get_matches_from_mut(args)
+        .and_then(|mut m| {
+            <Cli as clap::FromArgMatches>::from_arg_matches_mut(&mut m)
+                .map_err(|e| e.format(&mut grammar))
+        })
+        .unwrap_or_else(|e| e.exit());
     if !matches!(cli.cmd, Cmd::Mount(_)) {
         // The daemon sets up its own log; every other command's warnings reach the terminal.
         terminal_warnings();

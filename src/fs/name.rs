@@ -64,6 +64,23 @@ impl Name {
         Ok(Name(nfc))
     }
 
+    /// Whether `raw` is a valid name already in NFC under Linux rules, decided from its
+    /// bytes alone when every one is printable ASCII (what `parse` would accept unchanged);
+    /// None when a byte is not, and only `parse` can tell. For scans of names already
+    /// stored (`check`), where nearly every name is plain ASCII.
+    pub fn plain_ascii_is_valid(raw: &[u8]) -> Option<bool> {
+        if !raw.iter().all(|&b| (0x20..0x7f).contains(&b)) {
+            return None;
+        }
+        Some(
+            !raw.is_empty()
+                && raw.len() <= MAX_NAME_BYTES
+                && !raw.contains(&b'/')
+                && raw != b"."
+                && raw != b"..",
+        )
+    }
+
     /// The key under which case-insensitive siblings collide (portable rules).
     pub fn fold_case(&self) -> String {
         fold_case(&self.0)
@@ -270,6 +287,45 @@ mod tests {
             );
         }
         assert_eq!(err("x".repeat(256).as_bytes()), NameError::TooLong(256));
+    }
+
+    /// The ASCII fast path agrees with the full parser: on every name of up to three bytes
+    /// drawn from ASCII's edges and its special characters, on names around the length
+    /// limit, and it leaves every name with a byte outside printable ASCII to the parser.
+    #[test]
+    fn the_ascii_fast_path_agrees_with_the_parser() {
+        let alphabet: Vec<u8> = [0x00, 0x01, 0x09, 0x0a, 0x1f, 0x20, 0x21, 0x2e, 0x2f, 0x30]
+            .into_iter()
+            .chain([0x3a, 0x41, 0x5c, 0x61, 0x7e, 0x7f, 0x80, 0xc3, 0xa9, 0xff])
+            .collect();
+        let mut names: Vec<Vec<u8>> = vec![Vec::new()];
+        for len in 1..=3 {
+            let mut next = Vec::new();
+            for n in names.iter().filter(|n| n.len() == len - 1) {
+                for &b in &alphabet {
+                    let mut m = n.clone();
+                    m.push(b);
+                    next.push(m);
+                }
+            }
+            names.extend(next);
+        }
+        for len in [254, 255, 256, 300] {
+            names.push(vec![b'a'; len]);
+            names.push([b"a/".as_slice(), &vec![b'b'; len - 2]].concat());
+        }
+        names.extend([b"...".to_vec(), b". ".to_vec(), b"a..".to_vec()]);
+        for raw in &names {
+            let parsed = Name::parse(raw, NameRules::Linux);
+            let full = matches!(&parsed, Ok(n) if n.as_str().as_bytes() == raw.as_slice());
+            match Name::plain_ascii_is_valid(raw) {
+                Some(fast) => assert_eq!(fast, full, "{raw:?}: {parsed:?}"),
+                None => assert!(
+                    raw.iter().any(|b| !(0x20..0x7f).contains(b)),
+                    "{raw:?} is printable ASCII"
+                ),
+            }
+        }
     }
 
     #[test]

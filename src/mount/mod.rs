@@ -375,7 +375,8 @@ fn run_daemon_inner(
         }
     };
     reclaim_in_batches(&fs).map_err(|e| format!("reclaimer thread: {e}"))?;
-    // A snapshot's check holds the whole copy's tree: not in the daemon's memory.
+    // A snapshot's check holds the whole copy's tree: not in the daemon's memory, but for
+    // a small copy's.
     crate::tools::check_copies_apart();
     let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
     // From here the control thread holds the filesystem: a failure gives it back, so the store

@@ -47,13 +47,26 @@ impl TableDigest {
         }
     }
 
+    /// One row, its CRC taken on its own: what `count` and `add_rows` of the rows `put_row`
+    /// writes give, batch by batch (the same number: the CRC runs over the same bytes).
+    #[cfg(test)]
     fn add(&mut self, k: &[u8], v: &[u8]) {
-        self.entries += 1;
-        self.bytes += (k.len() + v.len()) as u64;
+        self.count(k, v);
         let mut crc = crc32c::crc32c_append(self.crc, &(k.len() as u32).to_le_bytes());
         crc = crc32c::crc32c_append(crc, k);
         crc = crc32c::crc32c_append(crc, &(v.len() as u32).to_le_bytes());
         self.crc = crc32c::crc32c_append(crc, v);
+    }
+
+    /// Counts one row; its bytes enter the CRC with its batch (`add_rows`).
+    fn count(&mut self, k: &[u8], v: &[u8]) {
+        self.entries += 1;
+        self.bytes += (k.len() + v.len()) as u64;
+    }
+
+    /// Adds to the CRC a batch of rows as `put_row` writes them, counted one by one.
+    fn add_rows(&mut self, rows: &[u8]) {
+        self.crc = crc32c::crc32c_append(self.crc, rows);
     }
 
     /// `name:entries:bytes:crc`, one argument of `verify-copy`.
@@ -80,6 +93,38 @@ impl TableDigest {
     }
 }
 
+/// A `TableDigest` taken row by row, its CRC over batches of `DIGEST_BATCH_BYTES` (one call
+/// per batch where a row took four).
+pub(super) struct DigestRows {
+    digest: TableDigest,
+    rows: Vec<u8>,
+}
+
+const DIGEST_BATCH_BYTES: usize = 64 * 1024;
+
+impl DigestRows {
+    pub(super) fn new(name: &str) -> DigestRows {
+        DigestRows {
+            digest: TableDigest::new(name),
+            rows: Vec::new(),
+        }
+    }
+
+    pub(super) fn add(&mut self, k: &[u8], v: &[u8]) {
+        self.digest.count(k, v);
+        put_row(&mut self.rows, k, v);
+        if self.rows.len() >= DIGEST_BATCH_BYTES {
+            self.digest.add_rows(&self.rows);
+            self.rows.clear();
+        }
+    }
+
+    pub(super) fn finish(mut self) -> TableDigest {
+        self.digest.add_rows(&self.rows);
+        self.digest
+    }
+}
+
 /// redb's cache for the file a copy writes (its write buffer is half of it). The copy is
 /// written once, in key order: only the right edge of each table is written again, a few
 /// pages deep, so 1 MiB costs no more CPU than 8 did and keeps 7 MiB out of the daemon's
@@ -96,7 +141,7 @@ const RETURN_MEMORY_EVERY: u64 = 1 << 20;
 
 /// The bytes of a `T` as stored, under `T`'s name and order: a table opened through it is
 /// the same table, read and written without decoding or encoding a key or value.
-struct Raw<T>(std::marker::PhantomData<T>);
+pub(super) struct Raw<T>(std::marker::PhantomData<T>);
 
 impl<T> std::fmt::Debug for Raw<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -324,9 +369,10 @@ impl TableVisitor for Reader<'_> {
             if skip == Some(k) {
                 continue;
             }
-            digest.add(k, v);
+            digest.count(k, v);
             put_row(&mut buf, k, v);
             if buf.len() >= COPY_BATCH_BYTES {
+                digest.add_rows(&buf);
                 self.send
                     .send(Batch::Rows(buf))
                     .map_err(|_| writer_gone())?;
@@ -336,6 +382,7 @@ impl TableVisitor for Reader<'_> {
         if buf.is_empty() {
             self.unsent = Some(buf);
         } else {
+            digest.add_rows(&buf);
             self.send
                 .send(Batch::Rows(buf))
                 .map_err(|_| writer_gone())?;
@@ -414,9 +461,11 @@ impl TableVisitor for Writer<'_> {
     }
 }
 
-/// Reads each table back as stored bytes and sums it up as `Reader` did.
+/// Reads each table back as stored bytes and sums it up as `Reader` did (but for the
+/// tables a scan of `txn` summed up already).
 struct Digester<'a> {
     tx: &'a redb::ReadTransaction,
+    txn: &'a ReadTxn,
     tables: Vec<TableDigest>,
 }
 
@@ -426,14 +475,18 @@ impl TableVisitor for Digester<'_> {
         def: redb::TableDefinition<K, V>,
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
+        if let Some(sum) = self.txn.sum_taken(def.name()) {
+            self.tables.push(sum);
+            return Ok(());
+        }
         let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
         let t = self.tx.open_table(raw).map_err(map_err)?;
-        let mut digest = TableDigest::new(def.name());
+        let mut digest = DigestRows::new(def.name());
         for item in t.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
             digest.add(k.value(), v.value());
         }
-        self.tables.push(digest);
+        self.tables.push(digest.finish());
         Ok(())
     }
 
@@ -448,10 +501,11 @@ impl TableVisitor for Digester<'_> {
 impl ReadTxn {
     /// What each table a copy holds holds, read in key order as stored bytes, in the order
     /// `copy_to` copies them; plus the number of tables in the store (a copy holds no
-    /// others).
+    /// others). A table a scan summed up already (`sum_tables_as_read`) is not read again.
     pub fn table_digests(&self) -> Result<(Vec<TableDigest>, usize), StoreError> {
         let mut d = Digester {
             tx: &self.tx,
+            txn: self,
             tables: Vec::new(),
         };
         visit_tables(self, &mut d)?;
@@ -544,5 +598,54 @@ impl ReadTxn {
         drop(db);
         return_freed_memory();
         Ok((stats, synced))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table's digest is the same number whether its CRC is taken row by row or over the
+    /// batches a copy sends and a check reads back, wherever the batches break.
+    #[test]
+    fn a_digest_taken_per_batch_equals_one_taken_per_row() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = (0..5000)
+            .map(|i| {
+                let k = (i as u64).to_be_bytes().to_vec();
+                let v = vec![(next() % 251) as u8; (next() % 300) as usize];
+                (k, v)
+            })
+            .collect();
+        let mut per_row = TableDigest::new("t");
+        let mut batched = DigestRows::new("t");
+        for (k, v) in &rows {
+            per_row.add(k, v);
+            batched.add(k, v);
+        }
+        assert_eq!(batched.finish(), per_row);
+        // Batches as a copy cuts them, at arbitrary sizes.
+        for cut in [1, 17, 4096, COPY_BATCH_BYTES] {
+            let mut d = TableDigest::new("t");
+            let mut buf = Vec::new();
+            for (k, v) in &rows {
+                d.count(k, v);
+                put_row(&mut buf, k, v);
+                if buf.len() >= cut {
+                    d.add_rows(&buf);
+                    buf.clear();
+                }
+            }
+            d.add_rows(&buf);
+            assert_eq!(d, per_row, "batches of {cut} bytes");
+        }
+        let empty = DigestRows::new("t").finish();
+        assert_eq!(empty, TableDigest::new("t"));
     }
 }

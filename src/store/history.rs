@@ -256,13 +256,21 @@ impl ReadTxn {
     /// Before-images kept without their content (`schema::keep_form`) whose content the
     /// inode's record after their record does not give back (for check): a later version
     /// with another checksum, or none.
-    /// Each is read back as it is met, so memory stays flat however long the history.
+    /// Each is read back as it is met, the later links of its run rebuilt once with the
+    /// oldest and kept aside until met (at most 4,096), so memory stays bounded however long
+    /// the history.
     pub fn kept_content_findings(&self) -> Result<Vec<String>, StoreError> {
         let mut findings = Vec::new();
+        // The later links of each run, rebuilt with the oldest: each is rebuilt once.
+        let mut wholes = super::past::KeptWholes::default();
         self.for_each_undo(|seq, u| {
             if let Undo::Inode { ino, old: Some(b) } = u
                 && content_kept(b)
-                && self.past(seq)?.kept_content(*ino, Some(seq), b.clone()).is_err()
+                && wholes.take(*ino, seq, b).is_none()
+                && self
+                    .past(seq)?
+                    .kept_content_with(*ino, Some(seq), b.clone(), &mut wholes)
+                    .is_err()
             {
                 findings.push(format!(
                     "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"

@@ -55,7 +55,10 @@ pub use follow::Changed;
 pub use history::LogCursor;
 pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
-pub use readonly::{ReadOnlyStore, check_integrity_in_place, is_store_file};
+pub use readonly::{
+    IntegrityChecked, ReadOnlyStore, check_integrity_in_place, check_integrity_then_read,
+    is_store_file,
+};
 pub use replica::{
     Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,
     SegmentFault, VerifiedRecord, apply_records, apply_verified, decode_segment, encode_segment,

@@ -187,10 +187,25 @@ impl Past<'_> {
         seq: Option<u64>,
         image: Vec<u8>,
     ) -> Result<Vec<u8>, StoreError> {
+        self.kept_content_with(ino, seq, image, &mut KeptWholes::default())
+    }
+
+    /// `kept_content`, taking from `wholes` the image of a later link of the run already
+    /// rebuilt (the same bytes, kept by the same record for the same inode), and leaving
+    /// there each later link it rebuilds: `check` rebuilds every kept image of a history,
+    /// oldest first, and each run's links are then rebuilt once, not once per older link.
+    pub(super) fn kept_content_with(
+        &self,
+        ino: u64,
+        seq: Option<u64>,
+        image: Vec<u8>,
+        wholes: &mut KeptWholes,
+    ) -> Result<Vec<u8>, StoreError> {
         let mut at = seq.ok_or_else(|| corrupt("history record", ino))?;
         let mut base = kept_base(ino, &image);
-        let mut chain = vec![image];
-        loop {
+        // Each link with the inode and the record that keep it.
+        let mut chain = vec![(ino, at, image)];
+        let mut whole = loop {
             let later = Past {
                 now: self.now,
                 seq: at,
@@ -200,22 +215,29 @@ impl Past<'_> {
                 .ok_or_else(|| corrupt("history record", ino))?;
             if content_kept(&record) {
                 at = next.ok_or_else(|| corrupt("history record", ino))?;
+                if let Some(whole) = wholes.take(base, at, &record) {
+                    break whole;
+                }
+                let link = base;
                 base = kept_base(base, &record);
-                chain.push(record);
+                chain.push((link, at, record));
                 continue;
             }
-            let mut whole = match next.filter(|_| content_in_record(&record)) {
+            break match next.filter(|_| content_in_record(&record)) {
                 Some(_) => later
                     .inode_record(base)?
                     .ok_or_else(|| corrupt("history record", ino))?,
                 None => record,
             };
-            for image in chain.iter().rev() {
-                whole = with_kept_content(image, &whole)
-                    .ok_or_else(|| corrupt("history record", ino))?;
+        };
+        for (k, (link, at, image)) in chain.iter().enumerate().rev() {
+            whole =
+                with_kept_content(image, &whole).ok_or_else(|| corrupt("history record", ino))?;
+            if k > 0 {
+                wholes.keep(*link, *at, image, &whole);
             }
-            return Ok(whole);
         }
+        Ok(whole)
     }
 }
 
@@ -338,5 +360,30 @@ impl TreeView for Past<'_> {
         Ok(self
             .inode_record(ino)?
             .and_then(|b| inline_part(&b).map(<[u8]>::to_vec)))
+    }
+}
+
+/// Kept images already rebuilt, by (inode, record): the image as kept and its whole form.
+/// At most `KEPT_WHOLES_MAX` (each at most a record with `INLINE_MAX` bytes of content),
+/// so what a check holds stays bounded however long the history.
+#[derive(Default)]
+pub(super) struct KeptWholes(std::collections::HashMap<(u64, u64), (Vec<u8>, Vec<u8>)>);
+
+const KEPT_WHOLES_MAX: usize = 4096;
+
+impl KeptWholes {
+    /// The whole form of `image`, kept by record `seq` for `ino`, if it was rebuilt (and
+    /// forgets it: each image is asked for once).
+    pub(super) fn take(&mut self, ino: u64, seq: u64, image: &[u8]) -> Option<Vec<u8>> {
+        match self.0.remove(&(ino, seq)) {
+            Some((kept, whole)) if kept == image => Some(whole),
+            _ => None,
+        }
+    }
+
+    fn keep(&mut self, ino: u64, seq: u64, image: &[u8], whole: &[u8]) {
+        if self.0.len() < KEPT_WHOLES_MAX {
+            self.0.insert((ino, seq), (image.to_vec(), whole.to_vec()));
+        }
     }
 }

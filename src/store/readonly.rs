@@ -121,15 +121,14 @@ pub struct ReadOnlyStore {
 /// The most a check's opening of a store caches (`check_cache_bytes`).
 const CHECK_CACHE_MAX: u64 = 64 * 1024 * 1024;
 
-/// redb's cache for an opening that reads the whole store file more than once (a check: the
-/// table digests then the invariants, or redb's integrity check, which verifies every page
-/// then walks them all again): the whole file up to `CHECK_CACHE_MAX`, and never less than a
-/// mounted store's. A file that fits is read from the kernel once per opening, where a cache
-/// smaller than the file evicted each page before the second pass came back to it (at
-/// 200,000 files a snapshot's check read its 38 MB copy four times, now twice). Only
-/// short-lived processes check (the child a daemon starts, `restore`, `check`), so the
-/// memory goes with them; the bound keeps a check of two openings side by side within
-/// 128 MiB however large the store.
+/// redb's cache for an opening that reads the whole store file more than once (a check:
+/// redb's integrity check, which verifies every page then walks them all again, then the
+/// invariants and the tables' sums through the same opening): the whole file up to
+/// `CHECK_CACHE_MAX`, and never less than a mounted store's. A file that fits is read from
+/// the kernel once, where a cache smaller than the file evicted each page before the next
+/// pass came back to it. A daemon checks in its own process only copies small enough that
+/// this stays a few MiB (`tools::backup`); larger ones are checked by a child, and `restore`
+/// and `check` are short-lived, so the memory goes with them.
 fn check_cache_bytes(path: &Path) -> usize {
     let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     (len + len / 8).clamp(CACHE_BYTES as u64, CHECK_CACHE_MAX) as usize
@@ -139,12 +138,6 @@ impl ReadOnlyStore {
     /// Opens the store at `path` without writing a byte to it or its log.
     pub fn open(path: &Path) -> Result<ReadOnlyStore, StoreError> {
         ReadOnlyStore::open_with_cache(path, CACHE_BYTES)
-    }
-
-    /// `open`, with a cache that holds the whole file (up to a bound: `check_cache_bytes`)
-    /// for a check that reads it more than once.
-    pub fn open_to_check(path: &Path) -> Result<ReadOnlyStore, StoreError> {
-        ReadOnlyStore::open_with_cache(path, check_cache_bytes(path))
     }
 
     fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<ReadOnlyStore, StoreError> {
@@ -192,16 +185,40 @@ impl ReadOnlyStore {
 
 /// redb's integrity check of the store file at `path`, read in place through an overlay
 /// that keeps whatever the check writes in memory: the file is read once and never written.
-/// It opens the file apart from any other opening, so it may run on a thread of its own
-/// while another reads the same file (`ReadOnlyStore::read`) meanwhile.
+/// It opens the file apart from any other opening.
 pub fn check_integrity_in_place(path: &Path) -> Result<bool, StoreError> {
+    check_integrity_then_read(path).map(|c| c.clean)
+}
+
+/// A store file after redb's integrity check, read through the same opening: the check reads
+/// every page into a cache that holds the whole file (up to `CHECK_CACHE_MAX`), so what
+/// reads it next (the invariants, the tables' sums) is served from that cache, where a
+/// second opening read the file from the kernel again.
+pub struct IntegrityChecked {
+    db: redb::Database,
+    /// What redb's check said: true when it found nothing to repair.
+    pub clean: bool,
+}
+
+impl IntegrityChecked {
+    /// A read transaction on the file as checked (repaired in memory, if redb repaired it).
+    pub fn read(&self) -> Result<ReadTxn, StoreError> {
+        use redb::ReadableDatabase;
+        Ok(ReadTxn::new(self.db.begin_read().map_err(map_err)?))
+    }
+}
+
+/// redb's integrity check of the store file at `path` as `check_integrity_in_place` runs it,
+/// keeping the opening (and its cache) for what reads the file next.
+pub fn check_integrity_then_read(path: &Path) -> Result<IntegrityChecked, StoreError> {
     let file = crate::private::open_read(path)
         .map_err(|e| StoreError::Io(crate::private::describe(path, e)))?;
     let overlay = Overlay::new(file).map_err(map_err)?;
     let mut builder = redb::Database::builder();
     builder.set_cache_size(check_cache_bytes(path));
     let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
-    db.check_integrity().map_err(map_err)
+    let clean = db.check_integrity().map_err(map_err)?;
+    Ok(IntegrityChecked { db, clean })
 }
 
 /// A file read in place, with every write kept in memory (in blocks of `OVERLAY_BLOCK`

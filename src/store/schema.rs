@@ -584,6 +584,14 @@ impl Inode {
 /// An inode record's fields and where its name ends (where a version-2 or 3 record's inline
 /// chunk starts, when bytes follow); None when the bytes are not an inode record.
 fn parse_record(ino: u64, b: &[u8]) -> Option<(Inode, usize)> {
+    let (mut i, name, name_end) = parse_borrowed(ino, b)?;
+    i.name = name.to_string();
+    Some((i, name_end))
+}
+
+/// `parse_record` with the name left in the record (the `Inode`'s own is empty): no
+/// allocation.
+fn parse_borrowed(ino: u64, b: &[u8]) -> Option<(Inode, &str, usize)> {
     match *b.first()? {
         INODE_RECORD_VERSION => {
             if b.len() < INODE_FIXED_LEN {
@@ -609,9 +617,10 @@ fn parse_record(ino: u64, b: &[u8]) -> Option<(Inode, usize)> {
                 mtime: i64_at(42),
                 ctime: i64_at(50),
                 crtime: i64_at(58),
-                name: String::from_utf8(b[INODE_FIXED_LEN..name_end].to_vec()).ok()?,
+                name: String::new(),
             };
-            Some((i, name_end))
+            let name = std::str::from_utf8(&b[INODE_FIXED_LEN..name_end]).ok()?;
+            Some((i, name, name_end))
         }
         INODE_RECORD_VERSION_COMPACT => {
             let kind = Kind::from_byte(*b.get(1)?)?;
@@ -635,13 +644,13 @@ fn parse_record(ino: u64, b: &[u8]) -> Option<(Inode, usize)> {
 
 /// The fields of a version-2 record (`flags` None: every field is there) or a version-3
 /// one (the fields its flags name are there, the others at their usual values), from byte
-/// 2 on, and where its name ends.
+/// 2 on, with its name (left in the record; the `Inode`'s own is empty) and where it ends.
 fn parse_varint_fields(
     ino: u64,
     b: &[u8],
     kind: Kind,
     flags: Option<u8>,
-) -> Option<(Inode, usize)> {
+) -> Option<(Inode, &str, usize)> {
     let given = |f: u8| f == FIELD_ALWAYS || flags.is_none_or(|flags| flags & f != 0);
     let usual = Usual::of(kind);
     let mut at = 2;
@@ -681,7 +690,7 @@ fn parse_varint_fields(
     let crtime = since(FIELD_CRTIME, ctime)?;
     let name_len = usize::try_from(take_varint(b, &mut at)?).ok()?;
     let name_end = at.checked_add(name_len)?;
-    let name = String::from_utf8(b.get(at..name_end)?.to_vec()).ok()?;
+    let name = std::str::from_utf8(b.get(at..name_end)?).ok()?;
     // Bytes after the name are an inline chunk, whole header at least.
     if b.len() != name_end && b.len() < name_end + INLINE_HEADER_LEN {
         return None;
@@ -699,9 +708,9 @@ fn parse_varint_fields(
         mtime,
         ctime,
         crtime,
-        name,
+        name: String::new(),
     };
-    Some((i, name_end))
+    Some((i, name, name_end))
 }
 
 /// Where a record's inline chunk starts; None for a record without one (or bytes that are no
@@ -773,7 +782,25 @@ const INLINE_HEADER_LEN: usize = 5;
 /// The inline chunk of an encoded inode record; None for a record without one (or bytes that
 /// are no inode record).
 pub fn inline_chunk(record: &[u8]) -> Option<InlineChunk<'_>> {
-    let tail = inline_part(record)?;
+    inline_chunk_of(inline_part(record)?)
+}
+
+/// An inode record decoded with its inline chunk, the record parsed once: what `decode`
+/// and `inline_chunk` give for it, the name borrowed from the record (the `Inode`'s own
+/// is left empty). None when the bytes are not an inode record.
+pub fn decode_with_inline(
+    ino: u64,
+    record: &[u8],
+) -> Option<(Inode, &str, Option<InlineChunk<'_>>)> {
+    let (inode, name, name_end) = parse_borrowed(ino, record)?;
+    let inline = (record[0] != INODE_RECORD_VERSION && name_end < record.len())
+        .then(|| inline_chunk_of(&record[name_end..]))
+        .flatten();
+    Some((inode, name, inline))
+}
+
+/// The inline chunk a record's bytes after its name (`inline_part`) hold.
+fn inline_chunk_of(tail: &[u8]) -> Option<InlineChunk<'_>> {
     let (flags, rest) = tail.split_first()?;
     let (sum, data) = rest.split_at_checked(4)?;
     Some(if flags & INLINE_REDACTED != 0 {
@@ -2301,6 +2328,38 @@ mod tests {
         let mut long = i.encode();
         long.push(0);
         assert_eq!(Inode::decode(42, &long), None);
+    }
+
+    /// `decode_with_inline` parses a record once and gives what `decode` and `inline_chunk`
+    /// give, for every form a record takes: no chunk, a chunk, a damaged or redacted one,
+    /// version 1, and bytes that are no record.
+    #[test]
+    fn decoding_with_the_inline_chunk_agrees_with_decoding_apart() {
+        let i = sample();
+        let data = b"a small memory".to_vec();
+        let with = i.encode_with(Some(&encode_inline(&data)));
+        let mut damaged = with.clone();
+        *damaged.last_mut().unwrap() ^= 1;
+        let mut long = i.encode();
+        long.push(0);
+        for b in [
+            i.encode(),
+            with.clone(),
+            damaged,
+            redact_inline(&with),
+            version_1(&i),
+            with[..with.len() - data.len() - 1].to_vec(),
+            long,
+            Vec::new(),
+        ] {
+            let apart = Inode::decode(42, &b).map(|i| (i, inline_chunk(&b)));
+            let once = decode_with_inline(42, &b).map(|(mut i, name, inline)| {
+                assert!(i.name.is_empty());
+                i.name = name.to_string();
+                (i, inline)
+            });
+            assert_eq!(once, apart, "{b:?}");
+        }
     }
 
     #[test]

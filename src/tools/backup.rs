@@ -35,70 +35,58 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 /// that keeps its writes in memory) plus every invariant. The file is opened read-only, so
 /// a snapshot's copy is left exactly as it was written and synced.
 pub fn verify(path: &Path) -> Result<()> {
-    let mut s = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
-    beside_integrity(&mut s, path, |r| no_findings(r, path))
+    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+    after_integrity(&mut s, path, |r| no_findings(r, path))
 }
 
 /// Runs redb's integrity check of the store file at `path` (every page's checksum, the
-/// allocator state rebuilt from the trees and compared) and `check` of what `s` reads: each
-/// reads the whole file through an opening of its own, so the check runs on a thread of its
-/// own beside `check`, and on two cores both take about as long as the longer one. The file
-/// is good only if both say so; a panic in either is a failure, never a pass. redb's finding
-/// is reported first when both find something. A store read from a private copy (one that had
-/// to be recovered or migrated) is checked one after the other.
-fn beside_integrity<T>(
+/// allocator state rebuilt from the trees and compared), then `check` of the file read
+/// through the same opening, whose cache the integrity check filled: the file is read from
+/// the kernel once. (Run side by side on two openings, each read the whole file into a
+/// cache of its own: more CPU than the overlap saved in time on two cores.) The file is
+/// good only if both say so;
+/// redb's finding is the one reported when it finds something, and `check` then does not
+/// run. A panic in `check` is a failure, never a pass. A store read from a private copy
+/// (one that had to be recovered or migrated) is checked on that copy.
+fn after_integrity<T>(
     s: &mut crate::store::ReadOnlyStore,
     path: &Path,
     check: impl FnOnce(&ReadTxn) -> Result<T>,
 ) -> Result<T> {
     let repaired = || format!("{}: redb had to repair the file", path.display());
-    let in_place = || crate::store::check_integrity_in_place(path).map_err(err);
     if s.is_private_copy() {
         if !s.check_integrity().map_err(err)? {
             return Err(repaired());
         }
         return check(&s.read().map_err(err)?);
     }
-    let s = &*s;
-    let (clean, found) = std::thread::scope(|scope| {
-        let integrity = std::thread::Builder::new()
-            .name("check-integrity".to_string())
-            .spawn_scoped(scope, in_place);
-        let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            check(&s.read().map_err(err)?)
-        }))
-        .unwrap_or_else(|_| Err(format!("{}: the check of the file failed", path.display())));
-        let clean = match integrity {
-            Ok(h) => h.join().unwrap_or_else(|_| {
-                Err(format!(
-                    "{}: redb's integrity check of the file failed",
-                    path.display()
-                ))
-            }),
-            // No thread to run it on: here, after `check`.
-            Err(_) => in_place(),
-        };
-        (clean, found)
-    });
-    match clean {
-        Ok(true) => found,
-        Ok(false) => Err(repaired()),
-        Err(e) => Err(e),
+    let checked = crate::store::check_integrity_then_read(path).map_err(err)?;
+    if !checked.clean {
+        return Err(repaired());
     }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check(&checked.read().map_err(err)?)
+    }))
+    .unwrap_or_else(|_| Err(format!("{}: the check of the file failed", path.display())))
 }
 
 /// Checks a copy `copy_to` just wrote against what it read (`tables`, in the order copied):
-/// redb's integrity check (every page's checksum, the file opened read-only), and beside it
-/// every table read back whole and found to hold the same entries, bytes and CRC-32C as the
-/// snapshot it was copied from, and no other table, then the invariants but for the
-/// re-derivation of history's indexes (see `check::invariants_of_copy`). A copy made
-/// otherwise (`tables` empty) gets all of `verify`.
+/// redb's integrity check (every page's checksum, the file opened read-only), then every
+/// table found to hold the same entries, bytes and CRC-32C as the snapshot it was copied
+/// from, and no other table, and the invariants but for the re-derivation of history's
+/// indexes (see `check::invariants_of_copy`), whose scans of the inodes and the entries
+/// take those tables' sums. A copy made otherwise (`tables` empty) gets all of `verify`.
 fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if tables.is_empty() {
         return verify(path);
     }
-    let mut s = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
-    beside_integrity(&mut s, path, |r| {
+    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
+    after_integrity(&mut s, path, |r| {
+        // The invariants' scans of the inodes and the entries sum those tables up as they
+        // read them: the sums below read only the other tables. The sums are compared
+        // first, whatever the invariants found.
+        r.sum_tables_as_read();
+        let findings = crate::check::invariants_of_copy(r);
         let (found, all) = r.table_digests().map_err(err)?;
         for (want, got) in tables.iter().zip(&found) {
             if want != got {
@@ -122,7 +110,7 @@ fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
                 tables.len()
             ));
         }
-        first_finding(crate::check::invariants_of_copy(r).map_err(err)?, path)
+        first_finding(findings.map_err(err)?, path)
     })
 }
 
@@ -138,14 +126,22 @@ pub fn verify_copy_args(path: &Path, tables: &[String]) -> Result<()> {
 /// Set once a process serves a mount: see `verify_copy`.
 static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
 
-/// From now on this process checks the copies it writes in a child process. The check
-/// holds 14 bytes per inode (14 MiB at a million files), and the full check (`verify`: a
-/// copy that is not a byte copy) decodes each history record whole (an import's record of
-/// a million files takes hundreds of megabytes); a daemon that did it in its own address
-/// space kept that high-water mark, and much of the memory, for the rest of its life.
+/// From now on this process checks the copies it writes of more than `CHECKED_HERE_MAX`
+/// bytes in a child process. The check holds 14 bytes per inode (14 MiB at a million
+/// files), caches the copy whole (up to 64 MiB), and the full check (`verify`: a copy that
+/// is not a byte copy) decodes each history record whole (an import's record of a million
+/// files takes hundreds of megabytes); a daemon that did it in its own address space kept
+/// that high-water mark, and much of the memory, for the rest of its life.
 pub fn check_copies_apart() {
     COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
 }
+
+/// The largest copy a daemon checks in its own process: a child costs a process start and
+/// a second load of the program, the whole check of a small store several times over
+/// (a 0.6 MB copy of 2,000 files), while checking a copy this size here adds about as much
+/// again to the daemon's memory, briefly (its cache holds the file; the rest is a few bytes
+/// per record), and hands it back when done.
+pub const CHECKED_HERE_MAX: u64 = 8 * 1024 * 1024;
 
 /// The hidden command a child runs to check a copy (`redbfs verify-copy PATH`).
 const VERIFY_COPY_COMMAND: &str = "verify-copy";
@@ -156,6 +152,14 @@ const VERIFY_COPY_COMMAND: &str = "verify-copy";
 fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if !COPIES_CHECKED_APART.load(Ordering::Relaxed) {
         return verify_copy_here(path, tables);
+    }
+    // A byte copy small enough is checked here (a copy made otherwise gets the full
+    // check, whose history records are decoded whole: always apart).
+    let small = std::fs::symlink_metadata(path).is_ok_and(|m| m.len() <= CHECKED_HERE_MAX);
+    if small && !tables.is_empty() {
+        let checked = verify_copy_here(path, tables);
+        crate::store::return_freed_memory();
+        return checked;
     }
     let child = std::process::Command::new("/proc/self/exe")
         .arg(VERIFY_COPY_COMMAND)
@@ -196,9 +200,9 @@ fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
 /// writing: each writable opening costs several syncs of the file.
 fn verify_and_disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
     if let Disk::Host = disk {
-        let mut ro = crate::store::ReadOnlyStore::open_to_check(path).map_err(err)?;
+        let mut ro = crate::store::ReadOnlyStore::open(path).map_err(err)?;
         if !ro.is_private_copy() {
-            let owned = beside_integrity(&mut ro, path, |r| {
+            let owned = after_integrity(&mut ro, path, |r| {
                 no_findings(r, path)?;
                 [META_REPLICAS, META_REPLICA_GENERATIONS]
                     .iter()
