@@ -155,7 +155,9 @@ const modes = {
   // Directories of SDK-created files, deleted with the SDK's delete (fs.rm recursive: it
   // removes children concurrently, so a kill may leave any part of the tree).
   async rmtree() {
-    for (const name of readdirSync(`${mount}/${cfg.root}`)) {
+    // The listing goes through op() too: a kill in the first moments fails it like any call.
+    const start = await op(null, async () => readdirSync(`${mount}/${cfg.root}`));
+    for (const name of start) {
       await op({ op: 'rmtree', path: `${cfg.root}/${name}` }, () => tool.delete({ command: 'delete', path: mem(`${cfg.root}/${name}`) }));
     }
     for (let n = 1; ; n++) {

@@ -1193,12 +1193,16 @@ impl Workers {
             .iter()
             .map(|p| {
                 format!(
-                    "--- {} ({:?}):\n{}",
+                    "--- {} ({:?}):\n{}\n(journal's end)\n{}",
                     p.spec.label,
                     p.status,
                     tail(
                         &std::fs::read_to_string(&p.output).unwrap_or_default(),
                         1500
+                    ),
+                    tail(
+                        &std::fs::read_to_string(&p.journal).unwrap_or_default(),
+                        600
                     )
                 )
             })
