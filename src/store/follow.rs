@@ -144,6 +144,7 @@ impl Store {
             replay_noting(&tx, r.payload(), &mut |t, k| changed.note(t, k))?;
             last = seq;
         }
+        keep_own_format(&tx)?;
         finish_meta(&tx, last, local)?;
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -164,9 +165,6 @@ impl Store {
     ) -> Result<Changed, StoreError> {
         let src = Database::builder().open(snapshot).map_err(map_err)?;
         let src = src.begin_read().map_err(map_err)?;
-        // A snapshot of a later format may hold records this build cannot read; one of
-        // format 7 holds only records it reads, and the store keeps its own number, so that
-        // once promoted (writing records of this format) earlier releases refuse it.
         let theirs = src
             .open_table(META)
             .map_err(map_err)?
@@ -174,21 +172,14 @@ impl Store {
             .map_err(map_err)?
             .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
             .map(u64::from_le_bytes);
-        if let Some(v) = theirs.filter(|&v| v > u64::from(FORMAT_VERSION)) {
-            return Err(StoreError::UnknownFormat {
-                path: snapshot.to_path_buf(),
-                found: u32::try_from(v).unwrap_or(u32::MAX),
-            });
-        }
-        let own_format = (theirs == Some(u64::from(FORMAT_7))).then_some(META_FORMAT);
+        followable(theirs, "the writer's snapshot", snapshot)?;
         let before = self.read()?;
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let keep: Vec<&str> = local
             .iter()
             .map(|(k, _)| *k)
-            .chain([META_LOG_SEQ, META_LOG_ID])
-            .chain(own_format)
+            .chain([META_LOG_SEQ, META_LOG_ID, META_FORMAT])
             .collect();
         sync_table(&src, &tx, META, &mut |k| {
             std::str::from_utf8(k).is_ok_and(|k| keep.contains(&k))
@@ -225,6 +216,65 @@ impl Store {
         self.keep_before(Some(before));
         Ok(changed.finish())
     }
+}
+
+/// The oldest store format whose writer a follower follows: a store of format 4 to 7 holds
+/// only records this build reads (format 4's small files outside their records, no tables
+/// of delta blobs and undo parts, no `marked` key: each valid as it is), so the follower's
+/// store takes their content and keeps its own number, and once promoted writes this
+/// build's records into a store an earlier release refuses by that number. A store of
+/// format 3 or before lacks history's indexes (and format 2 chunk checksums), which only
+/// the migration a mount runs builds.
+const OLDEST_FOLLOWED: u32 = FORMAT_WITHOUT_INLINE;
+
+/// Whether a writer's store of format `theirs` (what `what` holds: its snapshot at `from`,
+/// or the `meta` its records stamp) can be followed: later formats than this build reads
+/// are refused, and so are formats before `OLDEST_FOLLOWED` (or none), the rule named.
+fn followable(theirs: Option<u64>, what: &str, from: &Path) -> Result<(), StoreError> {
+    match theirs {
+        Some(v) if v > u64::from(FORMAT_VERSION) => Err(StoreError::UnknownFormat {
+            path: from.to_path_buf(),
+            found: u32::try_from(v).unwrap_or(u32::MAX),
+        }),
+        Some(v) if v >= u64::from(OLDEST_FOLLOWED) => Ok(()),
+        theirs => {
+            let found = theirs.map_or("no store format".to_string(), |v| {
+                format!("store format {v}")
+            });
+            Err(StoreError::Refused(format!(
+                "{what} holds {found}, but a follower takes only formats {OLDEST_FOLLOWED} to \
+                 {FORMAT_VERSION} (an earlier one needs the migration a mount runs): upgrade \
+                 the writer, or `redbfs restore --from` the replica and mount that"
+            )))
+        }
+    }
+}
+
+/// After a batch of a writer's records in `tx`: a record stamping an earlier format this
+/// build follows (a writer of an earlier release migrating its own store) leaves the
+/// follower's store its own number; one stamping a format it does not follow fails the
+/// batch, nothing applied.
+fn keep_own_format(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
+    let mut meta = tx.open_table(META).map_err(map_err)?;
+    let now = meta
+        .get(META_FORMAT)
+        .map_err(map_err)?
+        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map(u64::from_le_bytes);
+    if now == Some(u64::from(FORMAT_VERSION)) {
+        return Ok(());
+    }
+    followable(
+        now,
+        "a record of the writer",
+        Path::new("a replica's record"),
+    )?;
+    meta.insert(
+        META_FORMAT,
+        u64::from(FORMAT_VERSION).to_le_bytes().as_slice(),
+    )
+    .map_err(map_err)?;
+    Ok(())
 }
 
 /// The store's commit number, the follower's own keys, and no log (none belongs to a
@@ -403,11 +453,12 @@ mod tests {
         assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
     }
 
-    /// A snapshot of format 7 (a writer of an earlier release) leaves the follower's store
-    /// its own number, which this build's records need once it is promoted; one of a later
-    /// format than this build reads is refused, the store left as it was.
+    /// A snapshot of an earlier format this build follows (4 to 7: a writer of an earlier
+    /// release) leaves the follower's store its own number, which this build's records need
+    /// once it is promoted; one of an earlier format (or none), or of a later format than
+    /// this build reads, is refused with the rule named, the store left as it was.
     #[test]
-    fn a_snapshot_keeps_the_store_s_format_or_is_refused_when_later() {
+    fn a_snapshot_keeps_the_store_s_format_or_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let a = Store::open_or_create(&dir.path().join("a.redb"), (0, 0)).unwrap();
         let b = Store::open_or_create(&dir.path().join("b.redb"), (0, 0)).unwrap();
@@ -417,24 +468,102 @@ mod tests {
         r.copy_to(&snap, &mut |_| {}).unwrap();
         drop(r);
         drop(b);
-        let stamp = |v: u64| {
+        let stamp = |v: Option<u64>| {
             let db = Database::builder().open(&snap).unwrap();
             let tx = db.begin_write().unwrap();
-            tx.open_table(META)
-                .unwrap()
-                .insert(META_FORMAT, v.to_le_bytes().as_slice())
-                .unwrap();
+            let mut meta = tx.open_table(META).unwrap();
+            match v {
+                Some(v) => meta
+                    .insert(META_FORMAT, v.to_le_bytes().as_slice())
+                    .unwrap(),
+                None => meta.remove(META_FORMAT).unwrap(),
+            };
+            drop(meta);
             tx.commit().unwrap();
         };
         let format = |s: &Store| s.read().unwrap().meta_u64(META_FORMAT).unwrap();
-        stamp(u64::from(FORMAT_7));
-        a.become_snapshot(&snap, commit, &[]).unwrap();
-        assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
-        stamp(u64::from(FORMAT_VERSION) + 1);
+        for v in OLDEST_FOLLOWED..=FORMAT_VERSION {
+            stamp(Some(u64::from(v)));
+            a.become_snapshot(&snap, commit, &[]).unwrap();
+            assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)), "format {v}");
+        }
+        let ours = format!("formats {OLDEST_FOLLOWED} to {FORMAT_VERSION}");
+        for (v, named) in [
+            (
+                Some(u64::from(OLDEST_FOLLOWED) - 1),
+                "holds store format 3,",
+            ),
+            (
+                Some(u64::from(FORMAT_WITHOUT_CHECKSUMS)),
+                "holds store format 2,",
+            ),
+            (None, "holds no store format,"),
+        ] {
+            stamp(v);
+            let e = a
+                .become_snapshot(&snap, commit + 1, &[("mine", vec![1])])
+                .unwrap_err();
+            assert!(matches!(e, StoreError::Refused(_)), "{e}");
+            assert!(e.to_string().contains(named), "{e}");
+            assert!(e.to_string().contains(&ours), "{e}");
+            let r = a.read().unwrap();
+            assert_eq!(r.commit_number().unwrap(), commit, "{v:?}");
+            assert_eq!(r.meta_bytes("mine").unwrap(), None, "{v:?}");
+            assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+        }
+        stamp(Some(u64::from(FORMAT_VERSION) + 1));
         let e = a.become_snapshot(&snap, commit, &[]).unwrap_err();
         assert!(matches!(e, StoreError::UnknownFormat { .. }), "{e}");
         let later = format!("store format version {}", FORMAT_VERSION + 1);
         assert!(e.to_string().contains(&later), "{e}");
+        assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+    }
+
+    /// A writer's record stamping an earlier format this build follows (an earlier release
+    /// migrating its store) is applied with the follower's store keeping its own number; one
+    /// stamping a format it does not follow fails the batch, nothing of it applied.
+    #[test]
+    fn a_record_stamping_an_earlier_format_keeps_the_store_s_own() {
+        use crate::store::{decode_segment, encode_segment};
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open_or_create(&dir.path().join("a.redb"), (0, 0)).unwrap();
+        let at = a.read().unwrap().commit_number().unwrap();
+        let put = |key: &str, value: &[u8]| {
+            let mut e = vec![1, 4];
+            e.extend_from_slice(b"meta");
+            e.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            e.extend_from_slice(key.as_bytes());
+            e.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            e.extend_from_slice(value);
+            e
+        };
+        let batch = |seq: u64, v: u32| {
+            let payload = [
+                put(META_FORMAT, &u64::from(v).to_le_bytes()),
+                put("theirs", &[v as u8]),
+            ]
+            .concat();
+            let seg = encode_segment(1, [(seq, payload.as_slice())].into_iter());
+            decode_segment(1, &seg, seq, seq).unwrap()
+        };
+        let format = |s: &Store| s.read().unwrap().meta_u64(META_FORMAT).unwrap();
+        a.apply_shipped(&batch(at + 1, FORMAT_6), &[]).unwrap();
+        assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+        let r = a.read().unwrap();
+        assert_eq!(r.commit_number().unwrap(), at + 1);
+        assert_eq!(r.meta_bytes("theirs").unwrap(), Some(vec![6]));
+        drop(r);
+        let e = a
+            .apply_shipped(&batch(at + 2, OLDEST_FOLLOWED - 1), &[])
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a record of the writer holds store format 3"),
+            "{e}"
+        );
+        let r = a.read().unwrap();
+        assert_eq!(r.commit_number().unwrap(), at + 1);
+        assert_eq!(r.meta_bytes("theirs").unwrap(), Some(vec![6]));
         assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
     }
 }
