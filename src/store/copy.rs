@@ -125,6 +125,39 @@ impl DigestRows {
     }
 }
 
+/// The sums of the tables a check's scans read whole, in key order (`ReadTxn::scan_raw`),
+/// kept for the check of a copy: `table_digests` takes a table's sum from here instead of
+/// reading the table again. Only the check of a copy makes one and hands it to its scans;
+/// every other read scans without one and sums nothing.
+#[derive(Debug, Default)]
+pub struct TableSums(Vec<TableDigest>);
+
+impl TableSums {
+    pub fn new() -> TableSums {
+        TableSums::default()
+    }
+
+    /// The sums taken, in the order their scans finished.
+    pub fn tables(&self) -> &[TableDigest] {
+        &self.0
+    }
+
+    /// The sum a scan took of table `name`, if one did.
+    pub(super) fn taken(&self, name: &str) -> Option<&TableDigest> {
+        self.0.iter().find(|d| d.name == name)
+    }
+
+    /// A sum to take of table `name` as it is scanned: none when one was taken already.
+    pub(super) fn start(&self, name: &str) -> Option<DigestRows> {
+        self.taken(name).is_none().then(|| DigestRows::new(name))
+    }
+
+    /// A scan read the whole table: its sum is kept.
+    pub(super) fn keep(&mut self, sum: DigestRows) {
+        self.0.push(sum.finish());
+    }
+}
+
 /// redb's cache for the file a copy writes (its write buffer is half of it). The copy is
 /// written once, in key order: only the right edge of each table is written again, a few
 /// pages deep, so 1 MiB costs no more CPU than 8 did and keeps 7 MiB out of the daemon's
@@ -462,10 +495,10 @@ impl TableVisitor for Writer<'_> {
 }
 
 /// Reads each table back as stored bytes and sums it up as `Reader` did (but for the
-/// tables a scan of `txn` summed up already).
+/// tables a scan summed up already, in `taken`).
 struct Digester<'a> {
     tx: &'a redb::ReadTransaction,
-    txn: &'a ReadTxn,
+    taken: &'a TableSums,
     tables: Vec<TableDigest>,
 }
 
@@ -475,8 +508,8 @@ impl TableVisitor for Digester<'_> {
         def: redb::TableDefinition<K, V>,
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
-        if let Some(sum) = self.txn.sum_taken(def.name()) {
-            self.tables.push(sum);
+        if let Some(sum) = self.taken.taken(def.name()) {
+            self.tables.push(sum.clone());
             return Ok(());
         }
         let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
@@ -501,11 +534,14 @@ impl TableVisitor for Digester<'_> {
 impl ReadTxn {
     /// What each table a copy holds holds, read in key order as stored bytes, in the order
     /// `copy_to` copies them; plus the number of tables in the store (a copy holds no
-    /// others). A table a scan summed up already (`sum_tables_as_read`) is not read again.
-    pub fn table_digests(&self) -> Result<(Vec<TableDigest>, usize), StoreError> {
+    /// others). A table whose sum a scan took already (in `taken`) is not read again.
+    pub fn table_digests(
+        &self,
+        taken: &TableSums,
+    ) -> Result<(Vec<TableDigest>, usize), StoreError> {
         let mut d = Digester {
             tx: &self.tx,
-            txn: self,
+            taken,
             tables: Vec::new(),
         };
         visit_tables(self, &mut d)?;

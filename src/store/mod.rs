@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::Database;
 
-pub use copy::{CopyStats, TableDigest};
+pub use copy::{CopyStats, TableDigest, TableSums};
 pub use follow::Changed;
 pub use history::LogCursor;
 pub use past::{Past, TreeView};

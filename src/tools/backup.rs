@@ -12,7 +12,8 @@ use crate::private::parent_dir;
 use crate::store::disk::Disk;
 use crate::store::schema::{META_LIMITS, META_REPLICA_GENERATIONS, META_REPLICAS};
 use crate::store::{
-    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, TableDigest, now_ns,
+    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, TableDigest, TableSums,
+    now_ns,
 };
 
 /// What `snapshot` reports.
@@ -74,7 +75,7 @@ fn after_integrity<T>(
 /// redb's integrity check (every page's checksum, the file opened read-only), then every
 /// table found to hold the same entries, bytes and CRC-32C as the snapshot it was copied
 /// from, and no other table, and the invariants but for the re-derivation of history's
-/// indexes (see `check::invariants_of_copy`), whose scans of the inodes and the entries
+/// indexes (see `check::invariants_of_copy`), whose scans of the tables they read whole
 /// take those tables' sums. A copy made otherwise (`tables` empty) gets all of `verify`.
 fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if tables.is_empty() {
@@ -82,12 +83,12 @@ fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
     }
     let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
     after_integrity(&mut s, path, |r| {
-        // The invariants' scans of the inodes and the entries sum those tables up as they
+        // The invariants' scans of the tables they read whole sum those tables up as they
         // read them: the sums below read only the other tables. The sums are compared
         // first, whatever the invariants found.
-        r.sum_tables_as_read();
-        let findings = crate::check::invariants_of_copy(r);
-        let (found, all) = r.table_digests().map_err(err)?;
+        let mut sums = TableSums::new();
+        let findings = crate::check::invariants_of_copy(r, &mut sums);
+        let (found, all) = r.table_digests(&sums).map_err(err)?;
         for (want, got) in tables.iter().zip(&found) {
             if want != got {
                 return Err(format!(
