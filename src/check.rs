@@ -31,6 +31,16 @@ struct InodeIndex {
 }
 
 impl InodeIndex {
+    fn with_capacity(n: u64) -> InodeIndex {
+        let n = usize::try_from(n).unwrap_or(0);
+        InodeIndex {
+            inos: Vec::with_capacity(n),
+            place: Vec::with_capacity(n),
+            flags: Vec::with_capacity(n),
+            links: Vec::with_capacity(n),
+        }
+    }
+
     fn find(&self, ino: u64) -> Option<usize> {
         self.inos.binary_search(&ino).ok()
     }
@@ -203,7 +213,9 @@ fn invariants_with(
     let keeps_subtrees = r.subtree_current()?;
 
     // The inodes, in one scan.
-    let mut index = InodeIndex::default();
+    // Sized once from the table's count (redb keeps it): grown by doubling, the index held
+    // up to twice its size while the last growth copied it.
+    let mut index = InodeIndex::with_capacity(r.inode_count()?);
     let mut dirs = Vec::new();
     let (mut files, mut dir_count, mut bytes) = (0u64, 0u64, 0u64);
     let mut root_ok = false;

@@ -57,7 +57,7 @@ pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{
     IntegrityChecked, ReadOnlyStore, check_integrity_in_place, check_integrity_then_read,
-    is_store_file,
+    check_integrity_then_read_within, is_store_file,
 };
 pub use replica::{
     Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,

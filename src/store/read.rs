@@ -203,6 +203,16 @@ impl ReadTxn {
         Ok(out)
     }
 
+    /// How many inode records the store holds (redb keeps the count: nothing is read).
+    pub fn inode_count(&self) -> Result<u64, StoreError> {
+        use redb::ReadableTableMetadata;
+        self.tx
+            .open_table(INODES)
+            .map_err(map_err)?
+            .len()
+            .map_err(map_err)
+    }
+
     /// Every inode record, in inode order (for check and tools).
     pub fn all_inodes(&self) -> Result<Vec<Inode>, StoreError> {
         let t = self.tx.open_table(INODES).map_err(map_err)?;
