@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::fs::{Limits, Name, NameRules};
 use crate::store::{
-    CHUNK_SIZE, INLINE_MAX, Inode, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord,
+    CHUNK_SIZE, INLINE_MAX, Inode, Kind, ROOT_INO, ReadTxn, StoreError, SubtreeRecord, TableSums,
 };
 
 /// Flags kept per inode.
@@ -31,6 +31,16 @@ struct InodeIndex {
 }
 
 impl InodeIndex {
+    fn with_capacity(n: u64) -> InodeIndex {
+        let n = usize::try_from(n).unwrap_or(0);
+        InodeIndex {
+            inos: Vec::with_capacity(n),
+            place: Vec::with_capacity(n),
+            flags: Vec::with_capacity(n),
+            links: Vec::with_capacity(n),
+        }
+    }
+
     fn find(&self, ino: u64) -> Option<usize> {
         self.inos.binary_search(&ino).ok()
     }
@@ -169,7 +179,7 @@ fn entry_path(r: &ReadTxn, parent: u64, name: &str) -> String {
 
 /// Every broken invariant found, one line each; empty when the store is clean.
 pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
-    invariants_with(r, true)
+    invariants_with(r, true, None)
 }
 
 /// `invariants` of a copy whose every table was found equal, byte for byte, to the snapshot
@@ -179,13 +189,22 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
 /// queries, and are the copy's source's own, byte for byte; `check` of the store (and
 /// `restore` of the copy, which checks everything before it puts a store in place)
 /// re-derives them.
-pub fn invariants_of_copy(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
-    invariants_with(r, false)
+///
+/// The scans that read a table whole in key order (the inodes, the directory entries, the
+/// orphans, the chunk map, the blobs' reference counts, the subtree records) take its sum
+/// into `sums` as they go, so the check of the copy need not read those tables again
+/// (`ReadTxn::table_digests`).
+pub fn invariants_of_copy(r: &ReadTxn, sums: &mut TableSums) -> Result<Vec<String>, StoreError> {
+    invariants_with(r, false, Some(sums))
 }
 
-fn invariants_with(r: &ReadTxn, history_indexes: bool) -> Result<Vec<String>, StoreError> {
+fn invariants_with(
+    r: &ReadTxn,
+    history_indexes: bool,
+    mut sums: Option<&mut TableSums>,
+) -> Result<Vec<String>, StoreError> {
     let mut findings = Vec::new();
-    let orphans = r.orphans()?;
+    let orphans = r.orphans_summed(sums.as_deref_mut())?;
     let is_orphan = |ino: u64| orphans.binary_search(&ino).is_ok();
     let next_ino = r.meta_u64("next_ino")?.unwrap_or(0);
     let limits = r
@@ -194,14 +213,16 @@ fn invariants_with(r: &ReadTxn, history_indexes: bool) -> Result<Vec<String>, St
     let keeps_subtrees = r.subtree_current()?;
 
     // The inodes, in one scan.
-    let mut index = InodeIndex::default();
+    // Sized once from the table's count (redb keeps it): grown by doubling, the index held
+    // up to twice its size while the last growth copied it.
+    let mut index = InodeIndex::with_capacity(r.inode_count()?);
     let mut dirs = Vec::new();
     let (mut files, mut dir_count, mut bytes) = (0u64, 0u64, 0u64);
     let mut root_ok = false;
     let mut big_files = Vec::new();
     // Per directory, what its own entries add to its subtree record.
     let mut below: HashMap<u64, SubtreeRecord> = HashMap::new();
-    r.for_each_inode(|i, name, inline| {
+    r.for_each_inode(sums.as_deref_mut(), |i, name, inline| {
         let ino = i.ino;
         if ino == ROOT_INO {
             root_ok = i.kind == Kind::Dir;
@@ -262,7 +283,14 @@ fn invariants_with(r: &ReadTxn, history_indexes: bool) -> Result<Vec<String>, St
     let mut dirs = Dirs(dirs);
     dirs.walk_up();
 
-    entries(r, &mut index, &mut dirs, limits.as_ref(), &mut findings)?;
+    entries(
+        r,
+        &mut index,
+        &mut dirs,
+        limits.as_ref(),
+        &mut findings,
+        sums.as_deref_mut(),
+    )?;
     for (k, &ino) in index.inos.iter().enumerate() {
         if ino == ROOT_INO {
             continue;
@@ -320,13 +348,13 @@ fn invariants_with(r: &ReadTxn, history_indexes: bool) -> Result<Vec<String>, St
     let parts = r.undo_part_findings()?;
     let parts_whole = parts.is_empty();
     findings.extend(parts);
-    content(r, &index, parts_whole, &mut findings)?;
+    content(r, &index, parts_whole, &mut findings, sums.as_deref_mut())?;
     if parts_whole && history_indexes {
         findings.extend(r.history_index_findings()?);
         findings.extend(r.kept_content_findings()?);
     }
     if keeps_subtrees {
-        subtrees(r, &dirs, below, &mut findings)?;
+        subtrees(r, &dirs, below, &mut findings, sums)?;
     }
     let usage = r.usage()?;
     if usage.files != files || usage.dirs != dir_count || usage.content_bytes != bytes {
@@ -375,6 +403,7 @@ fn entries(
     dirs: &mut Dirs,
     limits: Option<&Limits>,
     findings: &mut Vec<String>,
+    sums: Option<&mut TableSums>,
 ) -> Result<(), StoreError> {
     let mut group: Option<Group> = None;
     let mut folded: HashMap<String, String> = HashMap::new();
@@ -398,7 +427,7 @@ fn entries(
             }
         }
     };
-    r.for_each_dirent(|parent, name, ino, kind| {
+    r.for_each_dirent(sums, |parent, name, ino, kind| {
         if group.as_ref().is_none_or(|g| g.ino != parent) {
             close(group.take(), dirs, findings);
             group = Some(Group {
@@ -508,14 +537,15 @@ fn content(
     index: &InodeIndex,
     parts_whole: bool,
     findings: &mut Vec<String>,
+    mut sums: Option<&mut TableSums>,
 ) -> Result<(), StoreError> {
-    let (counts, blob_ids, damaged) = r.blob_census()?;
+    let (counts, blob_ids, damaged) = r.blob_census(sums.as_deref_mut())?;
     let damaged: HashSet<u64> = damaged.into_iter().collect();
     let mut named = HashSet::new();
     let mut want: HashMap<u64, u64> = HashMap::new();
     // The size of the inode whose chunks are being read.
     let mut size_of: Option<(u64, u64)> = None;
-    r.for_each_chunk(|ino, idx, b, len| {
+    r.for_each_chunk(sums, |ino, idx, b, len| {
         *want.entry(b).or_default() += 1;
         if damaged.contains(&b) {
             named.insert(b);
@@ -719,6 +749,7 @@ fn subtrees(
     dirs: &Dirs,
     below: HashMap<u64, SubtreeRecord>,
     findings: &mut Vec<String>,
+    sums: Option<&mut TableSums>,
 ) -> Result<(), StoreError> {
     let mut want = below;
     let mut order: Vec<(u32, usize)> = dirs
@@ -744,7 +775,7 @@ fn subtrees(
         w.depth = w.depth.max(t.depth + 1);
         w.path_bytes = w.path_bytes.max(t.path_bytes + d.name_len + 1);
     }
-    let stored: HashMap<u64, SubtreeRecord> = r.all_subtrees()?.into_iter().collect();
+    let stored: HashMap<u64, SubtreeRecord> = r.all_subtrees(sums)?.into_iter().collect();
     for (ino, w) in &want {
         let s = stored.get(ino).copied().unwrap_or_default();
         if (s.files, s.dirs, s.bytes) != (w.files, w.dirs, w.bytes) {

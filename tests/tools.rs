@@ -376,8 +376,8 @@ fn snapshot_of_a_100k_file_store_mounted_and_not() {
     );
 }
 
-/// A snapshot of a mounted store is checked whatever its size: a copy small enough is
-/// checked in the daemon, a larger one in a process of its own, and either way a store whose
+/// A snapshot of a mounted store is checked whatever its size, in the daemon, a copy larger
+/// than the check's cache as well as a small one, and either way a store whose
 /// content does not match its checksum (changed through redb, so every page checksum holds)
 /// is refused and nothing is left under the snapshot's name.
 #[test]
@@ -395,7 +395,7 @@ fn a_mounted_snapshot_is_checked_small_and_large() {
         ok(redbfs(&["snapshot", s(&m.mountpoint), s(&good)]));
         let size = std::fs::metadata(&good).unwrap().len();
         assert_eq!(
-            size > redbfs::tools::CHECKED_HERE_MAX,
+            size > redbfs::tools::COPY_CHECK_CACHE_MAX,
             n > 200,
             "a copy of {size} bytes"
         );
@@ -1239,6 +1239,63 @@ fn a_copy_changed_after_writing_is_refused() {
     assert!(redbfs::tools::verify_copy_args(&intact2, &["marks".to_string()]).is_err());
 }
 
+/// A daemon checks a byte copy in its own process with its cache capped, whatever the
+/// copy's size: a copy larger than that cache passes when intact, and a damaged one (a bit
+/// flipped in an entry, pages zeroed, the file cut short) is an error, never a pass and never
+/// a panic that would end the daemon.
+#[test]
+fn a_daemon_checks_a_large_copy_with_a_capped_cache_and_refuses_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("s.redb");
+    build_store(&store, 40_000);
+    let copy = |name: &str| {
+        let out = dir.path().join(name);
+        let stats = Store::open_existing(&store)
+            .unwrap()
+            .read()
+            .unwrap()
+            .copy_to(&out, &mut |_| {})
+            .unwrap();
+        (out, stats.tables)
+    };
+    let (intact, tables) = copy("intact.redb");
+    let size = std::fs::metadata(&intact).unwrap().len();
+    assert!(
+        size > 2 * redbfs::tools::COPY_CHECK_CACHE_MAX,
+        "a copy of {size} bytes"
+    );
+    redbfs::tools::verify_copy_capped(&intact, &tables).unwrap();
+
+    let damaged = |name: &str, damage: &dyn Fn(&mut Vec<u8>)| {
+        let (out, tables) = copy(name);
+        let mut bytes = std::fs::read(&out).unwrap();
+        damage(&mut bytes);
+        std::fs::write(&out, &bytes).unwrap();
+        let e = redbfs::tools::verify_copy_capped(&out, &tables).unwrap_err();
+        assert!(!e.is_empty(), "{name}");
+        e
+    };
+    // An entry's name changed by a bit: its page's checksum no longer holds.
+    let e = damaged("flipped.redb", &|b| {
+        let at = b
+            .windows(b"m031337.md".len())
+            .position(|w| w == b"m031337.md")
+            .expect("the name is in the copy");
+        b[at + 1] ^= 0x01;
+    });
+    assert!(
+        e.contains("repair") || e.contains("orrupt") || e.contains("damaged"),
+        "{e}"
+    );
+    // 64 KiB of pages zeroed in the middle of the file.
+    damaged("zeroed.redb", &|b| {
+        let mid = b.len() / 2 / 4096 * 4096;
+        b[mid..mid + 65536].fill(0);
+    });
+    // The file cut to half its length.
+    damaged("short.redb", &|b| b.truncate(b.len() / 2 / 4096 * 4096));
+}
+
 /// The sums of the inodes and the directory entries a copy's check takes while the
 /// invariants read those tables are the sums a read of every table gives, table by table,
 /// and what was copied.
@@ -1255,11 +1312,25 @@ fn sums_taken_by_the_invariants_scans_equal_a_read_of_every_table() {
         .copy_to(&out, &mut |_| {})
         .unwrap();
     let copy = redbfs::store::ReadOnlyStore::open(&out).unwrap();
-    let plain = copy.read().unwrap().table_digests().unwrap();
+    let none = redbfs::store::TableSums::new();
+    let plain = copy.read().unwrap().table_digests(&none).unwrap();
     let r = copy.read().unwrap();
-    r.sum_tables_as_read();
-    assert!(redbfs::check::invariants_of_copy(&r).unwrap().is_empty());
-    let summed = r.table_digests().unwrap();
+    let mut sums = redbfs::store::TableSums::new();
+    assert!(
+        redbfs::check::invariants_of_copy(&r, &mut sums)
+            .unwrap()
+            .is_empty()
+    );
+    // Every table the invariants read whole was summed by their scans, none twice.
+    let mut taken: Vec<&str> = sums.tables().iter().map(|d| d.name.as_str()).collect();
+    taken.sort_unstable();
+    assert_eq!(
+        taken,
+        [
+            "blobrefs", "dirents", "filemap", "inodes", "orphans", "subtree"
+        ]
+    );
+    let summed = r.table_digests(&sums).unwrap();
     assert_eq!(summed, plain);
     assert_eq!(summed.0, stats.tables);
     assert!(

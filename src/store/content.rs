@@ -261,17 +261,17 @@ impl ReadTxn {
     }
 
     /// Calls `f` on every (ino, chunk index, blob id, the blob's content length or None
-    /// when the blob is missing), in key order, one at a time (for check).
+    /// when the blob is missing), in key order, one at a time (for check; with `sums`, the
+    /// chunk map's sum is taken on the way).
     pub fn for_each_chunk(
         &self,
+        sums: Option<&mut super::TableSums>,
         mut f: impl FnMut(u64, u64, u64, Option<u64>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let map = self.tx.open_table(FILEMAP).map_err(map_err)?;
         let blobs = self.blobs()?;
-        for item in map.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            let (ino, idx) = k.value();
-            let b = v.value();
+        self.scan_raw(FILEMAP, sums, |k, v| {
+            let (ino, idx) = <(u64, u64) as redb::Value>::from_bytes(k);
+            let b = <u64 as redb::Value>::from_bytes(v);
             let len = blobs
                 .get(b)?
                 .map(|v| match schema::decode_blob_value(v.value()) {
@@ -280,22 +280,27 @@ impl ReadTxn {
                     }
                     _ => v.value().len().saturating_sub(4) as u64,
                 });
-            f(ino, idx, b, len)?;
-        }
-        Ok(())
+            f(ino, idx, b, len)
+        })
     }
 
     /// Every blob's reference count entry, the blob ids that exist (full and delta) and
     /// those whose content does not match its checksum (a delta's once rebuilt: see
-    /// `damaged_blobs`), for check.
+    /// `damaged_blobs`), for check (with `sums`, the reference counts' sum is taken on the
+    /// way).
     #[allow(clippy::type_complexity)]
-    pub fn blob_census(&self) -> Result<(HashMap<u64, u64>, Vec<u64>, Vec<u64>), StoreError> {
-        let refs = self.tx.open_table(BLOBREFS).map_err(map_err)?;
+    pub fn blob_census(
+        &self,
+        sums: Option<&mut super::TableSums>,
+    ) -> Result<(HashMap<u64, u64>, Vec<u64>, Vec<u64>), StoreError> {
         let mut counts = HashMap::new();
-        for item in refs.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            counts.insert(k.value(), v.value());
-        }
+        self.scan_raw(BLOBREFS, sums, |k, v| {
+            counts.insert(
+                <u64 as redb::Value>::from_bytes(k),
+                <u64 as redb::Value>::from_bytes(v),
+            );
+            Ok(())
+        })?;
         let mut ids = Vec::new();
         self.blobs()?.for_each(|id, _| {
             ids.push(id);

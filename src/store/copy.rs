@@ -1,7 +1,8 @@
 //! Copies of a store: every table of one read snapshot written into a new store file.
 //!
-//! Invariant kept here: a copy is complete in itself, written in one transaction and synced
-//! to disk once it is whole, with no write-ahead log belonging to it. Tables are copied as
+//! Invariant kept here: a copy is complete in itself, made durable by one commit once it is
+//! whole (the commits before it, one per part, are not durable: nothing reads the file
+//! before the last) and synced to disk then, with no write-ahead log belonging to it. Tables are copied as
 //! their stored bytes, in key order: nothing is decoded or encoded on the way. What each
 //! table held as it was read is summed up in a `TableDigest`, which `table_digests` computes
 //! again from the copy: equal digests mean the copy holds what was read, table by table.
@@ -125,11 +126,49 @@ impl DigestRows {
     }
 }
 
+/// The sums of the tables a check's scans read whole, in key order (`ReadTxn::scan_raw`),
+/// kept for the check of a copy: `table_digests` takes a table's sum from here instead of
+/// reading the table again. Only the check of a copy makes one and hands it to its scans;
+/// every other read scans without one and sums nothing.
+#[derive(Debug, Default)]
+pub struct TableSums(Vec<TableDigest>);
+
+impl TableSums {
+    pub fn new() -> TableSums {
+        TableSums::default()
+    }
+
+    /// The sums taken, in the order their scans finished.
+    pub fn tables(&self) -> &[TableDigest] {
+        &self.0
+    }
+
+    /// The sum a scan took of table `name`, if one did.
+    pub(super) fn taken(&self, name: &str) -> Option<&TableDigest> {
+        self.0.iter().find(|d| d.name == name)
+    }
+
+    /// A sum to take of table `name` as it is scanned: none when one was taken already.
+    pub(super) fn start(&self, name: &str) -> Option<DigestRows> {
+        self.taken(name).is_none().then(|| DigestRows::new(name))
+    }
+
+    /// A scan read the whole table: its sum is kept.
+    pub(super) fn keep(&mut self, sum: DigestRows) {
+        self.0.push(sum.finish());
+    }
+}
+
 /// redb's cache for the file a copy writes (its write buffer is half of it). The copy is
 /// written once, in key order: only the right edge of each table is written again, a few
 /// pages deep, so 1 MiB costs no more CPU than 8 did and keeps 7 MiB out of the daemon's
 /// peak during a snapshot.
 pub(super) const COPY_CACHE_BYTES: usize = 1024 * 1024;
+
+/// A copy commits (not durably: see `Writer::commit_part`) after each this many row bytes,
+/// so that a transaction's new pages stay in the write buffer (half of `COPY_CACHE_BYTES`)
+/// until its commit takes their checksums.
+const COPY_COMMIT_BYTES: usize = COPY_CACHE_BYTES / 4;
 
 /// A copy hands the heap's free pages back to the system after each this many bytes copied.
 /// Reading a store through its cache replaces the cached pages as it goes; when the pages
@@ -406,7 +445,11 @@ impl TableVisitor for Reader<'_> {
 /// which redb fills as one run packed into full leaves (one update of the tree's right edge
 /// per batch, where `insert` walked the tree down for every entry).
 struct Writer<'a> {
-    to: &'a redb::WriteTransaction,
+    db: &'a Database,
+    /// The transaction being written (taken while a table is written).
+    tx: Option<redb::WriteTransaction>,
+    /// Row bytes inserted since `tx` began.
+    since_commit: usize,
     recv: std::sync::mpsc::Receiver<Batch>,
     spare: std::sync::mpsc::SyncSender<Vec<u8>>,
     stats: CopyStats,
@@ -425,30 +468,43 @@ impl TableVisitor for Writer<'_> {
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
         let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
-        let mut dst = self.to.open_table(raw).map_err(map_err)?;
+        let mut tx = self.tx.take().ok_or_else(writer_lost_its_transaction)?;
         loop {
-            let mut buf = match self.recv.recv().map_err(|_| reader_gone())? {
-                Batch::Rows(buf) => buf,
-                Batch::End => return Ok(()),
-            };
-            let mut run = dst
-                .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
-                .map_err(map_err)?;
-            let before = self.stats.bytes;
-            for (k, v) in rows(&buf) {
-                self.stats.entries += 1;
-                self.stats.bytes += (k.len() + v.len()) as u64;
-                run.insert_before(k, v).map_err(map_err)?;
+            let mut dst = tx.open_table(raw).map_err(map_err)?;
+            loop {
+                let mut buf = match self.recv.recv().map_err(|_| reader_gone())? {
+                    Batch::Rows(buf) => buf,
+                    Batch::End => {
+                        drop(dst);
+                        self.tx = Some(tx);
+                        return Ok(());
+                    }
+                };
+                let mut run = dst
+                    .upper_bound_mut(std::ops::Bound::<&[u8]>::Unbounded)
+                    .map_err(map_err)?;
+                let before = self.stats.bytes;
+                for (k, v) in rows(&buf) {
+                    self.stats.entries += 1;
+                    self.stats.bytes += (k.len() + v.len()) as u64;
+                    run.insert_before(k, v).map_err(map_err)?;
+                }
+                run.close().map_err(map_err)?;
+                if before / RETURN_MEMORY_EVERY != self.stats.bytes / RETURN_MEMORY_EVERY {
+                    return_freed_memory();
+                }
+                (self.progress)(self.stats.entries);
+                self.since_commit += buf.len();
+                buf.clear();
+                // Back to the reader for its next batch: no more than `COPY_BATCHES` exist,
+                // so there is room; this fails only when the reader is gone.
+                let _ = self.spare.try_send(buf);
+                if self.since_commit >= COPY_COMMIT_BYTES {
+                    break;
+                }
             }
-            run.close().map_err(map_err)?;
-            if before / RETURN_MEMORY_EVERY != self.stats.bytes / RETURN_MEMORY_EVERY {
-                return_freed_memory();
-            }
-            (self.progress)(self.stats.entries);
-            buf.clear();
-            // Back to the reader for its next batch: no more than `COPY_BATCHES` exist, so
-            // there is room; this fails only when the reader is gone.
-            let _ = self.spare.try_send(buf);
+            drop(dst);
+            tx = self.commit_part(tx)?;
         }
     }
 
@@ -456,16 +512,40 @@ impl TableVisitor for Writer<'_> {
         &mut self,
         def: redb::TableDefinition<K, V>,
     ) -> Result<(), StoreError> {
-        self.to.open_table(def).map_err(map_err)?;
+        let tx = self.tx.as_ref().ok_or_else(writer_lost_its_transaction)?;
+        tx.open_table(def).map_err(map_err)?;
         Ok(())
     }
 }
 
+impl Writer<'_> {
+    /// Commits what `tx` wrote without making it durable and begins the next transaction:
+    /// redb takes the checksums of a transaction's new pages at its commit, so a page the
+    /// write buffer had already written out (once more than half the cache was new pages)
+    /// was read back, changed and written again. A part small enough stays in the buffer
+    /// until its commit. Only the last commit is durable; until then the file is under a
+    /// temporary name and nothing reads it.
+    fn commit_part(
+        &mut self,
+        mut tx: redb::WriteTransaction,
+    ) -> Result<redb::WriteTransaction, StoreError> {
+        tx.set_durability(redb::Durability::None)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        tx.commit().map_err(map_err)?;
+        self.since_commit = 0;
+        self.db.begin_write().map_err(map_err)
+    }
+}
+
+fn writer_lost_its_transaction() -> StoreError {
+    StoreError::Io("the copy's writer has no transaction".to_string())
+}
+
 /// Reads each table back as stored bytes and sums it up as `Reader` did (but for the
-/// tables a scan of `txn` summed up already).
+/// tables a scan summed up already, in `taken`).
 struct Digester<'a> {
     tx: &'a redb::ReadTransaction,
-    txn: &'a ReadTxn,
+    taken: &'a TableSums,
     tables: Vec<TableDigest>,
 }
 
@@ -475,8 +555,8 @@ impl TableVisitor for Digester<'_> {
         def: redb::TableDefinition<K, V>,
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
-        if let Some(sum) = self.txn.sum_taken(def.name()) {
-            self.tables.push(sum);
+        if let Some(sum) = self.taken.taken(def.name()) {
+            self.tables.push(sum.clone());
             return Ok(());
         }
         let raw = redb::TableDefinition::<Raw<K>, Raw<V>>::new(def.name());
@@ -501,11 +581,14 @@ impl TableVisitor for Digester<'_> {
 impl ReadTxn {
     /// What each table a copy holds holds, read in key order as stored bytes, in the order
     /// `copy_to` copies them; plus the number of tables in the store (a copy holds no
-    /// others). A table a scan summed up already (`sum_tables_as_read`) is not read again.
-    pub fn table_digests(&self) -> Result<(Vec<TableDigest>, usize), StoreError> {
+    /// others). A table whose sum a scan took already (in `taken`) is not read again.
+    pub fn table_digests(
+        &self,
+        taken: &TableSums,
+    ) -> Result<(Vec<TableDigest>, usize), StoreError> {
         let mut d = Digester {
             tx: &self.tx,
-            txn: self,
+            taken,
             tables: Vec::new(),
         };
         visit_tables(self, &mut d)?;
@@ -547,7 +630,7 @@ impl ReadTxn {
             .set_cache_size(COPY_CACHE_BYTES)
             .create_with_backend(backend)
             .map_err(map_err)?;
-        let mut tx = db.begin_write().map_err(map_err)?;
+        let tx = db.begin_write().map_err(map_err)?;
         // Two threads, as the machine has two cores: this one inserts a batch while the
         // other reads the next. Both walk the same list of tables (`visit_tables`).
         let (send, recv) = std::sync::mpsc::sync_channel(COPY_BATCHES);
@@ -571,13 +654,17 @@ impl ReadTxn {
                 Err(e) => return (Err(StoreError::Io(e.to_string())), Err(reader_gone())),
             };
             let mut w = Writer {
-                to: &tx,
+                db: &db,
+                tx: Some(tx),
+                since_commit: 0,
                 recv,
                 spare: spare_send,
                 stats: CopyStats::default(),
                 progress,
             };
-            let written = visit_tables(self, &mut w).map(|()| std::mem::take(&mut w.stats));
+            let written = visit_tables(self, &mut w)
+                .and_then(|()| w.tx.take().ok_or_else(writer_lost_its_transaction))
+                .map(|tx| (tx, std::mem::take(&mut w.stats)));
             // The reader sees the writer gone (its batches refused) and stops.
             drop(w);
             let read = reader
@@ -586,7 +673,7 @@ impl ReadTxn {
             (read, written)
         });
         // A half that failed says why; the other only that it stopped.
-        let (tables, mut stats) = match (read, written) {
+        let (tables, (mut tx, mut stats)) = match (read, written) {
             (Ok(t), Ok(s)) => (t, s),
             (Err(e), Err(StoreError::Io(m))) if m == READER_GONE => return Err(e),
             (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),

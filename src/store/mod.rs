@@ -50,14 +50,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::Database;
 
-pub use copy::{CopyStats, TableDigest};
+pub use copy::{CopyStats, TableDigest, TableSums};
 pub use follow::Changed;
 pub use history::LogCursor;
 pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
 pub use readonly::{
     IntegrityChecked, ReadOnlyStore, check_integrity_in_place, check_integrity_then_read,
-    is_store_file,
+    check_integrity_then_read_within, is_store_file,
 };
 pub use replica::{
     Attached, Batch, Feed, MAX_SEGMENT_BYTES, MAX_SHIPPED_RECORD, Rebuild, Record, SEGMENT_BYTES,

@@ -95,52 +95,27 @@ pub(super) fn orphans_in(t: &impl ReadableTable<u64, ()>) -> Result<Vec<u64>, St
 /// A read-only snapshot of the store.
 pub struct ReadTxn {
     pub(super) tx: redb::ReadTransaction,
-    /// The sums (`TableDigest`) of the tables scanned whole so far, once `sum_tables_as_read`
-    /// asked for them: `table_digests` takes them from here instead of reading those tables
-    /// again.
-    pub(super) sums: std::sync::Mutex<Option<Vec<super::TableDigest>>>,
 }
 
 impl ReadTxn {
     pub(super) fn new(tx: redb::ReadTransaction) -> ReadTxn {
-        ReadTxn {
-            tx,
-            sums: std::sync::Mutex::new(None),
-        }
+        ReadTxn { tx }
     }
 
-    /// From now on, the scans that read a table whole in key order (the inodes and the
-    /// directory entries, as `check` reads them) sum it up as they go, as `table_digests`
-    /// would, which then reads only the tables not summed yet.
-    pub fn sum_tables_as_read(&self) {
-        *self.sums.lock().unwrap_or_else(|p| p.into_inner()) = Some(Vec::new());
-    }
-
-    /// The sum of table `name` taken by a scan, if one was.
-    pub(super) fn sum_taken(&self, name: &str) -> Option<super::TableDigest> {
-        let sums = self.sums.lock().unwrap_or_else(|p| p.into_inner());
-        sums.as_ref()?.iter().find(|d| d.name == name).cloned()
-    }
-
-    /// Calls `f` on the stored bytes of every entry of `def`, in key order; summed up on the
-    /// way when sums are asked for (`sum_tables_as_read`) and the table has none yet. A scan
-    /// that stops early (an error) leaves no sum.
+    /// Calls `f` on the stored bytes of every entry of `def`, in key order; with `sums` (the
+    /// check of a copy), the table is summed up on the way unless it was already. A scan that
+    /// stops early (an error) leaves no sum.
     pub(super) fn scan_raw<K: redb::Key + 'static, V: redb::Value + 'static>(
         &self,
         def: redb::TableDefinition<K, V>,
+        sums: Option<&mut super::TableSums>,
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         use redb::TableHandle;
         let raw =
             redb::TableDefinition::<super::copy::Raw<K>, super::copy::Raw<V>>::new(def.name());
         let t = self.tx.open_table(raw).map_err(map_err)?;
-        let summing = self
-            .sums
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .is_some_and(|s| s.iter().all(|d| d.name != def.name()));
-        let mut sum = summing.then(|| super::copy::DigestRows::new(def.name()));
+        let mut sum = sums.as_ref().and_then(|s| s.start(def.name()));
         for item in t.iter().map_err(map_err)? {
             let (k, v) = item.map_err(map_err)?;
             let (k, v) = (k.value(), v.value());
@@ -149,10 +124,8 @@ impl ReadTxn {
             }
             f(k, v)?;
         }
-        if let Some(sum) = sum
-            && let Some(sums) = self.sums.lock().unwrap_or_else(|p| p.into_inner()).as_mut()
-        {
-            sums.push(sum.finish());
+        if let (Some(sum), Some(sums)) = (sum, sums) {
+            sums.keep(sum);
         }
         Ok(())
     }
@@ -217,6 +190,29 @@ impl ReadTxn {
         orphans_in(&self.tx.open_table(ORPHANS).map_err(map_err)?)
     }
 
+    /// `orphans`, read as `scan_raw` reads (for check, summed up with `sums`).
+    pub fn orphans_summed(
+        &self,
+        sums: Option<&mut super::TableSums>,
+    ) -> Result<Vec<u64>, StoreError> {
+        let mut out = Vec::new();
+        self.scan_raw(ORPHANS, sums, |k, _| {
+            out.push(<u64 as redb::Value>::from_bytes(k));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// How many inode records the store holds (redb keeps the count: nothing is read).
+    pub fn inode_count(&self) -> Result<u64, StoreError> {
+        use redb::ReadableTableMetadata;
+        self.tx
+            .open_table(INODES)
+            .map_err(map_err)?
+            .len()
+            .map_err(map_err)
+    }
+
     /// Every inode record, in inode order (for check and tools).
     pub fn all_inodes(&self) -> Result<Vec<Inode>, StoreError> {
         let t = self.tx.open_table(INODES).map_err(map_err)?;
@@ -232,12 +228,14 @@ impl ReadTxn {
     /// Calls `f` on every inode record, in inode order, one at a time (for check), with
     /// its name (the `Inode`'s own is left empty: the record is decoded once, without
     /// allocating) and its inline chunk: None when the record holds none, `Some(None)` when
-    /// it does not match its checksum, else `Some(Some(length))` (0 when redacted).
+    /// it does not match its checksum, else `Some(Some(length))` (0 when redacted). With
+    /// `sums`, the table's sum is taken on the way (`scan_raw`).
     pub fn for_each_inode(
         &self,
+        sums: Option<&mut super::TableSums>,
         mut f: impl FnMut(Inode, &str, Option<Option<u64>>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        self.scan_raw(INODES, |k, raw| {
+        self.scan_raw(INODES, sums, |k, raw| {
             let ino = <u64 as redb::Value>::from_bytes(k);
             let (inode, name, inline) =
                 decode_with_inline(ino, raw).ok_or_else(|| corrupt("record", ino))?;
@@ -251,12 +249,13 @@ impl ReadTxn {
     }
 
     /// Calls `f` on every dirent as (parent, name, child, kind), in key order, one at a time
-    /// (for check).
+    /// (for check; with `sums`, the table's sum is taken on the way).
     pub fn for_each_dirent(
         &self,
+        sums: Option<&mut super::TableSums>,
         mut f: impl FnMut(u64, &str, u64, Kind) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        self.scan_raw(DIRENTS, |k, v| {
+        self.scan_raw(DIRENTS, sums, |k, v| {
             let (parent, name) = <(u64, &str) as redb::Value>::from_bytes(k);
             let (ino, kind) = <(u64, u8) as redb::Value>::from_bytes(v);
             let kind = Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?;

@@ -125,10 +125,11 @@ const CHECK_CACHE_MAX: u64 = 64 * 1024 * 1024;
 /// redb's integrity check, which verifies every page then walks them all again, then the
 /// invariants and the tables' sums through the same opening): the whole file up to
 /// `CHECK_CACHE_MAX`, and never less than a mounted store's. A file that fits is read from
-/// the kernel once, where a cache smaller than the file evicted each page before the next
-/// pass came back to it. A daemon checks in its own process only copies small enough that
-/// this stays a few MiB (`tools::backup`); larger ones are checked by a child, and `restore`
-/// and `check` are short-lived, so the memory goes with them.
+/// the kernel twice (redb's check empties the cache when done, so the invariants read it
+/// again), where a cache smaller than the file evicted each page before the second walk of
+/// the check came back to it. A daemon checks a copy with a cache capped much lower
+/// (`check_integrity_then_read_within`, `tools::backup`); `restore` and `check` are
+/// short-lived, so the memory goes with them.
 fn check_cache_bytes(path: &Path) -> usize {
     let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     (len + len / 8).clamp(CACHE_BYTES as u64, CHECK_CACHE_MAX) as usize
@@ -211,11 +212,24 @@ impl IntegrityChecked {
 /// redb's integrity check of the store file at `path` as `check_integrity_in_place` runs it,
 /// keeping the opening (and its cache) for what reads the file next.
 pub fn check_integrity_then_read(path: &Path) -> Result<IntegrityChecked, StoreError> {
+    check_integrity_then_read_within(path, CHECK_CACHE_MAX)
+}
+
+/// `check_integrity_then_read` with a cache of at most `cache_max` bytes (a daemon checking
+/// a copy in its own process). redb's check reads every page twice (their checksums, then
+/// the trees again to rebuild the allocator state) and empties its cache when done, so what
+/// reads the file next reads it from the kernel again whatever the cache: a cache smaller
+/// than the file costs one more read of it from the kernel's page cache, and no more memory
+/// than the cap.
+pub fn check_integrity_then_read_within(
+    path: &Path,
+    cache_max: u64,
+) -> Result<IntegrityChecked, StoreError> {
     let file = crate::private::open_read(path)
         .map_err(|e| StoreError::Io(crate::private::describe(path, e)))?;
     let overlay = Overlay::new(file).map_err(map_err)?;
     let mut builder = redb::Database::builder();
-    builder.set_cache_size(check_cache_bytes(path));
+    builder.set_cache_size(check_cache_bytes(path).min(cache_max as usize));
     let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
     let clean = db.check_integrity().map_err(map_err)?;
     Ok(IntegrityChecked { db, clean })

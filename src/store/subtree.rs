@@ -256,18 +256,23 @@ impl ReadTxn {
         Ok(out)
     }
 
-    /// Every stored row, in inode order (for check).
-    pub fn all_subtrees(&self) -> Result<Vec<(u64, SubtreeRecord)>, StoreError> {
-        let t = match self.tx.open_table(SUBTREE) {
-            Ok(t) => t,
+    /// Every stored row, in inode order (for check; with `sums`, the table's sum is taken on
+    /// the way).
+    pub fn all_subtrees(
+        &self,
+        sums: Option<&mut super::TableSums>,
+    ) -> Result<Vec<(u64, SubtreeRecord)>, StoreError> {
+        let len = match self.tx.open_table(SUBTREE) {
+            Ok(t) => t.len().map_err(map_err)?,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
             Err(e) => return Err(map_err(e)),
         };
-        let mut out = Vec::with_capacity(t.len().map_err(map_err)? as usize);
-        for item in t.iter().map_err(map_err)? {
-            let (k, v) = item.map_err(map_err)?;
-            out.push((k.value(), decode_row(k.value(), v.value())?));
-        }
+        let mut out = Vec::with_capacity(len as usize);
+        self.scan_raw(SUBTREE, sums, |k, v| {
+            let ino = <u64 as redb::Value>::from_bytes(k);
+            out.push((ino, decode_row(ino, v)?));
+            Ok(())
+        })?;
         Ok(out)
     }
 

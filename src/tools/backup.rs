@@ -12,7 +12,8 @@ use crate::private::parent_dir;
 use crate::store::disk::Disk;
 use crate::store::schema::{META_LIMITS, META_REPLICA_GENERATIONS, META_REPLICAS};
 use crate::store::{
-    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, TableDigest, now_ns,
+    CHUNK_SIZE, CopyStats, Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, TableDigest, TableSums,
+    now_ns,
 };
 
 /// What `snapshot` reports.
@@ -36,7 +37,7 @@ fn fsync_dir(dir: &Path) -> Result<()> {
 /// a snapshot's copy is left exactly as it was written and synced.
 pub fn verify(path: &Path) -> Result<()> {
     let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
-    after_integrity(&mut s, path, |r| no_findings(r, path))
+    after_integrity(&mut s, path, None, |r| no_findings(r, path))
 }
 
 /// Runs redb's integrity check of the store file at `path` (every page's checksum, the
@@ -47,10 +48,12 @@ pub fn verify(path: &Path) -> Result<()> {
 /// good only if both say so;
 /// redb's finding is the one reported when it finds something, and `check` then does not
 /// run. A panic in `check` is a failure, never a pass. A store read from a private copy
-/// (one that had to be recovered or migrated) is checked on that copy.
+/// (one that had to be recovered or migrated) is checked on that copy. `cache_max` caps
+/// the opening's cache (a daemon's check; see `check_integrity_then_read_within`).
 fn after_integrity<T>(
     s: &mut crate::store::ReadOnlyStore,
     path: &Path,
+    cache_max: Option<u64>,
     check: impl FnOnce(&ReadTxn) -> Result<T>,
 ) -> Result<T> {
     let repaired = || format!("{}: redb had to repair the file", path.display());
@@ -60,7 +63,11 @@ fn after_integrity<T>(
         }
         return check(&s.read().map_err(err)?);
     }
-    let checked = crate::store::check_integrity_then_read(path).map_err(err)?;
+    let checked = match cache_max {
+        Some(max) => crate::store::check_integrity_then_read_within(path, max),
+        None => crate::store::check_integrity_then_read(path),
+    }
+    .map_err(err)?;
     if !checked.clean {
         return Err(repaired());
     }
@@ -74,20 +81,21 @@ fn after_integrity<T>(
 /// redb's integrity check (every page's checksum, the file opened read-only), then every
 /// table found to hold the same entries, bytes and CRC-32C as the snapshot it was copied
 /// from, and no other table, and the invariants but for the re-derivation of history's
-/// indexes (see `check::invariants_of_copy`), whose scans of the inodes and the entries
+/// indexes (see `check::invariants_of_copy`), whose scans of the tables they read whole
 /// take those tables' sums. A copy made otherwise (`tables` empty) gets all of `verify`.
-fn verify_copy_here(path: &Path, tables: &[TableDigest]) -> Result<()> {
+/// `cache_max` caps the cache of the opening that checks it (a daemon's check).
+fn verify_copy_here(path: &Path, tables: &[TableDigest], cache_max: Option<u64>) -> Result<()> {
     if tables.is_empty() {
         return verify(path);
     }
     let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
-    after_integrity(&mut s, path, |r| {
-        // The invariants' scans of the inodes and the entries sum those tables up as they
+    after_integrity(&mut s, path, cache_max, |r| {
+        // The invariants' scans of the tables they read whole sum those tables up as they
         // read them: the sums below read only the other tables. The sums are compared
         // first, whatever the invariants found.
-        r.sum_tables_as_read();
-        let findings = crate::check::invariants_of_copy(r);
-        let (found, all) = r.table_digests().map_err(err)?;
+        let mut sums = TableSums::new();
+        let findings = crate::check::invariants_of_copy(r, &mut sums);
+        let (found, all) = r.table_digests(&sums).map_err(err)?;
         for (want, got) in tables.iter().zip(&found) {
             if want != got {
                 return Err(format!(
@@ -120,46 +128,70 @@ pub fn verify_copy_args(path: &Path, tables: &[String]) -> Result<()> {
         .iter()
         .map(|t| TableDigest::from_arg(t).ok_or_else(|| format!("{t}: not a table digest")))
         .collect::<Result<Vec<_>>>()?;
-    verify_copy_here(path, &tables)
+    verify_copy_here(path, &tables, None)
+}
+
+/// The check of a byte copy as a daemon runs it in its own process (`verify_copy_here`,
+/// its cache capped at `COPY_CHECK_CACHE_MAX`): whatever the copy holds, a failure of the
+/// check (a panic included) is an error, never a pass and never the daemon's end; the heap's
+/// freed pages go back to the system when it is done.
+pub fn verify_copy_capped(path: &Path, tables: &[TableDigest]) -> Result<()> {
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        verify_copy_here(path, tables, Some(COPY_CHECK_CACHE_MAX))
+    }))
+    .unwrap_or_else(|_| {
+        tracing::error!(path = %path.display(), "the check of a copy panicked; the copy is refused");
+        Err(format!("{}: the check of the copy failed", path.display()))
+    });
+    crate::store::return_freed_memory();
+    checked
 }
 
 /// Set once a process serves a mount: see `verify_copy`.
 static COPIES_CHECKED_APART: AtomicBool = AtomicBool::new(false);
 
-/// From now on this process checks the copies it writes of more than `CHECKED_HERE_MAX`
-/// bytes in a child process. The check holds 14 bytes per inode (14 MiB at a million
-/// files), caches the copy whole (up to 64 MiB), and the full check (`verify`: a copy that
-/// is not a byte copy) decodes each history record whole (an import's record of a million
-/// files takes hundreds of megabytes); a daemon that did it in its own address space kept
-/// that high-water mark, and much of the memory, for the rest of its life.
+/// From now on this process (a daemon) checks a byte copy it writes of up to
+/// `CHECKED_HERE_MAX_INODES` inodes with its cache capped (`verify_copy_capped`), and a
+/// larger one, or a copy made otherwise, in a child process. The full check
+/// (`verify`: a copy that is not a byte copy, `snapshot --path`) decodes each history
+/// record whole (an import's record of a million files takes hundreds of megabytes); a
+/// daemon that did it in its own address space kept that high-water mark, and much of the
+/// memory, for the rest of its life.
 pub fn check_copies_apart() {
     COPIES_CHECKED_APART.store(true, Ordering::Relaxed);
 }
 
-/// The largest copy a daemon checks in its own process: a child costs a process start and
-/// a second load of the program, the whole check of a small store several times over
-/// (a 0.6 MB copy of 2,000 files), while checking a copy this size here adds about as much
-/// again to the daemon's memory, briefly (its cache holds the file; the rest is a few bytes
-/// per record), and hands it back when done.
-pub const CHECKED_HERE_MAX: u64 = 8 * 1024 * 1024;
+/// The cache of a daemon's check of a byte copy, whatever the copy's size. redb's check
+/// reads the file twice and empties its cache when done, so a cache smaller than the file
+/// costs one more read of it from the kernel's page cache, where a child process cost a
+/// process start, a second load of the program and a cache the size of the file faulted in
+/// (more time, at 200,000 files, than that read). Beside it the check holds 14 bytes per
+/// inode (2.8 MiB at 200,000 files), briefly, and hands the memory back when done.
+pub const COPY_CHECK_CACHE_MAX: u64 = 1024 * 1024;
+
+/// The most inodes a byte copy may hold for a daemon to check it in its own process: the
+/// check's 14 bytes per inode stay within 4.2 MiB. A larger copy is checked in a child
+/// process, whose memory goes with it.
+pub const CHECKED_HERE_MAX_INODES: u64 = 300_000;
 
 /// The hidden command a child runs to check a copy (`redbfs verify-copy PATH`).
 const VERIFY_COPY_COMMAND: &str = "verify-copy";
 
-/// Checks a copy this process just wrote (`verify_copy_here`); in a child process of this
-/// same program once `check_copies_apart` was called. A child that cannot be started
-/// (no `/proc`, say) leaves the check to this process, as before.
+/// Checks a copy this process just wrote (`verify_copy_here`). Once `check_copies_apart`
+/// was called (a daemon), a byte copy of up to `CHECKED_HERE_MAX_INODES` inodes is checked
+/// here with its cache capped, and a larger one, or a copy made otherwise (whose full check
+/// decodes history records whole), in a child process of this same program. A child that cannot be started (no `/proc`, say) leaves the check to this
+/// process, as before.
 fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
     if !COPIES_CHECKED_APART.load(Ordering::Relaxed) {
-        return verify_copy_here(path, tables);
+        return verify_copy_here(path, tables, None);
     }
-    // A byte copy small enough is checked here (a copy made otherwise gets the full
-    // check, whose history records are decoded whole: always apart).
-    let small = std::fs::symlink_metadata(path).is_ok_and(|m| m.len() <= CHECKED_HERE_MAX);
-    if small && !tables.is_empty() {
-        let checked = verify_copy_here(path, tables);
-        crate::store::return_freed_memory();
-        return checked;
+    let inodes = tables
+        .iter()
+        .find(|t| t.name == "inodes")
+        .map(|t| t.entries);
+    if inodes.is_some_and(|n| n <= CHECKED_HERE_MAX_INODES) {
+        return verify_copy_capped(path, tables);
     }
     let child = std::process::Command::new("/proc/self/exe")
         .arg(VERIFY_COPY_COMMAND)
@@ -190,7 +222,7 @@ fn verify_copy(path: &Path, tables: &[TableDigest]) -> Result<()> {
         }
         Err(e) => {
             tracing::warn!(error = %e, "no process to check the copy in; checking it here");
-            verify_copy_here(path, tables)
+            verify_copy_here(path, tables, None)
         }
     }
 }
@@ -202,7 +234,7 @@ fn verify_and_disown_on(disk: &Disk, path: &Path) -> Result<Vec<String>> {
     if let Disk::Host = disk {
         let mut ro = crate::store::ReadOnlyStore::open(path).map_err(err)?;
         if !ro.is_private_copy() {
-            let owned = after_integrity(&mut ro, path, |r| {
+            let owned = after_integrity(&mut ro, path, None, |r| {
                 no_findings(r, path)?;
                 [META_REPLICAS, META_REPLICA_GENERATIONS]
                     .iter()

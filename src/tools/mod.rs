@@ -16,8 +16,9 @@ mod request;
 mod transfer;
 
 pub use backup::{
-    CHECKED_HERE_MAX, SnapshotInfo, check_copies_apart, restore, restore_dropping, restore_on,
-    snapshot, snapshot_subtree, verify, verify_copy_args,
+    CHECKED_HERE_MAX_INODES, COPY_CHECK_CACHE_MAX, SnapshotInfo, check_copies_apart, restore,
+    restore_dropping, restore_on, snapshot, snapshot_subtree, verify, verify_copy_args,
+    verify_copy_capped,
 };
 pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
 pub use history::{
