@@ -184,7 +184,7 @@ pub fn invariants(r: &ReadTxn) -> Result<Vec<String>, StoreError> {
 
 /// `invariants` of a copy whose every table was found equal, byte for byte, to the snapshot
 /// it was copied from (`TableDigest`): all but the re-derivation of history's indexes
-/// (`history_keys`, `history_paths`, `history_times`) from its records. Those indexes are
+/// (`history_keys`, which holds its path and time indexes too) from its records. Those indexes are
 /// written in the same transactions as the records, are found by nothing but history's
 /// queries, and are the copy's source's own, byte for byte; `check` of the store (and
 /// `restore` of the copy, which checks everything before it puts a store in place)

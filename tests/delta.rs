@@ -287,9 +287,9 @@ fn check_finds_a_delta_whose_base_is_gone_and_one_that_does_not_rebuild() {
     );
 }
 
-/// A format-5 store (every blob full, no tables of deltas) reads as it is, read-only, and is
-/// opened read-write after one small migration: its versions stay full and read back, and
-/// the next edit keeps a delta.
+/// A format-5 store (every blob full, no tables of deltas) reads, read-only, from a migrated
+/// private copy (the file left as it is), and is opened read-write after the migrations:
+/// its versions stay full and read back, and the next edit keeps a delta.
 #[test]
 fn a_format_5_store_reads_as_it_is_and_keeps_deltas_once_migrated() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,12 +330,25 @@ fn a_format_5_store_reads_as_it_is_and_keeps_deltas_once_migrated() {
     }
     {
         let ro = redbfs::store::ReadOnlyStore::open(&path).unwrap();
+        assert!(ro.is_private_copy());
         let r = ro.read().unwrap();
-        assert_eq!(r.meta_u64("format").unwrap(), Some(5));
+        assert_eq!(
+            r.meta_u64("format").unwrap(),
+            Some(redbfs::store::FORMAT_VERSION as u64)
+        );
         for (seq, want) in &versions {
             assert!(redbfs::tools::show_at(&r, "/mem.md", *seq).unwrap() == *want);
         }
         assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+    }
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let tx = redb::ReadableDatabase::begin_read(&db).unwrap();
+        let meta = tx
+            .open_table(redb::TableDefinition::<&str, &[u8]>::new("meta"))
+            .unwrap();
+        let format = meta.get("format").unwrap().unwrap().value().to_vec();
+        assert_eq!(format, 5u64.to_le_bytes(), "the file is left as it was");
     }
     let fs = open(&path);
     assert_eq!(

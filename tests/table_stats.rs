@@ -65,16 +65,6 @@ fn table_stats() {
         TableDefinition::<(&[u8], u64), &[u8]>::new("history_keys"),
         &mut t,
     );
-    show(
-        &tx,
-        TableDefinition::<(&str, u64), ()>::new("history_paths"),
-        &mut t,
-    );
-    show(
-        &tx,
-        TableDefinition::<(i64, u64), ()>::new("history_times"),
-        &mut t,
-    );
     show(&tx, TableDefinition::<u64, &[u8]>::new("subtree"), &mut t);
     show(
         &tx,

@@ -16,9 +16,9 @@ pub(super) fn status(a: Status) -> Result<i32, String> {
     let v = t.run(json!({"op": "status"}), |_| {
         t.read(|s, r| {
             let u = r.usage().map_err(|e| e.to_string())?;
-            // An unmounted store is read as it is: an older format keeps its number until
-            // a mount migrates it.
-            let format = r.meta_u64("format").map_err(|e| e.to_string())?;
+            // An unmounted store is read as it is (an older format from a migrated private
+            // copy): it keeps its number until a mount migrates it.
+            let format = s.file_format().map_err(|e| e.to_string())?;
             Ok(json!({"ok": true, "mountpoint": null, "store": t.store,
                       "format": format, "files": u.files, "dirs": u.dirs,
                       "content_bytes": u.content_bytes, "store_bytes": s.file_bytes(),

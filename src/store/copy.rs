@@ -309,8 +309,6 @@ fn visit_tables(r: &ReadTxn, v: &mut impl TableVisitor) -> Result<(), StoreError
         v.table(BLOB_DELTAS)?;
     }
     v.table(HISTORY_KEYS)?;
-    v.table(HISTORY_PATHS)?;
-    v.table(HISTORY_TIMES)?;
     if r.subtree_current()? {
         v.table(SUBTREE)?;
     }

@@ -165,6 +165,10 @@ impl Store {
     ) -> Result<Changed, StoreError> {
         let src = Database::builder().open(snapshot).map_err(map_err)?;
         let src = src.begin_read().map_err(map_err)?;
+        // A snapshot of a later format may hold records this build cannot read, and one of
+        // format 3 or before lacks history's indexes (`followable`); one of format 4 to 8
+        // holds only records it reads, and the store keeps its own number, so that once
+        // promoted (writing records of this format) earlier releases refuse it.
         let theirs = src
             .open_table(META)
             .map_err(map_err)?
@@ -173,6 +177,9 @@ impl Store {
             .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
             .map(u64::from_le_bytes);
         followable(theirs, "the writer's snapshot", snapshot)?;
+        // Before format 9 a store kept history's path and time indexes in tables of their
+        // own: their rows are put where this format keeps them.
+        let separate_indexes = theirs.is_some_and(|v| v < u64::from(FORMAT_VERSION));
         let before = self.read()?;
         let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
@@ -203,9 +210,15 @@ impl Store {
         sync_table(&src, &tx, REDACTED, &mut |_| false)?;
         sync_table(&src, &tx, DELTAS, &mut |_| false)?;
         sync_table(&src, &tx, BLOB_DELTAS, &mut |_| false)?;
-        sync_table(&src, &tx, HISTORY_KEYS, &mut |_| false)?;
-        sync_table(&src, &tx, HISTORY_PATHS, &mut |_| false)?;
-        sync_table(&src, &tx, HISTORY_TIMES, &mut |_| false)?;
+        if separate_indexes {
+            sync_table(&src, &tx, HISTORY_KEYS, &mut |k| {
+                let (key, _) = <(&[u8], u64) as redb::Value>::from_bytes(k);
+                key.first().is_some_and(|&tag| tag >= PATH_INDEX_TAG)
+            })?;
+            put_separate_indexes(&src, &tx)?;
+        } else {
+            sync_table(&src, &tx, HISTORY_KEYS, &mut |_| false)?;
+        }
         sync_table(&src, &tx, SUBTREE, &mut |_| false)?;
         sync_table(&src, &tx, QUOTAS, &mut |_| false)?;
         finish_meta(&tx, commit, local)?;
@@ -218,11 +231,12 @@ impl Store {
     }
 }
 
-/// The oldest store format whose writer a follower follows: a store of format 4 to 7 holds
+/// The oldest store format whose writer a follower follows: a store of format 4 to 8 holds
 /// only records this build reads (format 4's small files outside their records, no tables
-/// of delta blobs and undo parts, no `marked` key: each valid as it is), so the follower's
-/// store takes their content and keeps its own number, and once promoted writes this
-/// build's records into a store an earlier release refuses by that number. A store of
+/// of delta blobs and undo parts, no `marked` key: each valid as it is; history's path and
+/// time indexes in tables of their own, whose rows are put where this format keeps them),
+/// so the follower's store takes their content and keeps its own number, and once promoted
+/// writes this build's records into a store an earlier release refuses by that number. A store of
 /// format 3 or before lacks history's indexes (and format 2 chunk checksums), which only
 /// the migration a mount runs builds.
 const OLDEST_FOLLOWED: u32 = FORMAT_WITHOUT_INLINE;
@@ -274,6 +288,45 @@ fn keep_own_format(tx: &redb::WriteTransaction) -> Result<(), StoreError> {
         u64::from(FORMAT_VERSION).to_le_bytes().as_slice(),
     )
     .map_err(map_err)?;
+    Ok(())
+}
+
+/// Makes the path and time rows of `tx`'s `history_keys` those of the separate
+/// `history_paths` and `history_times` tables of `src` (a snapshot of format 8 or before):
+/// every such row removed, then each of theirs put.
+fn put_separate_indexes(
+    src: &redb::ReadTransaction,
+    tx: &redb::WriteTransaction,
+) -> Result<(), StoreError> {
+    let mut dst = tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+    let lo = [PATH_INDEX_TAG];
+    dst.retain_in((lo.as_slice(), 0).., |_, _| false)
+        .map_err(map_err)?;
+    let none: &[u8] = &[];
+    match src.open_table(HISTORY_PATHS) {
+        Ok(t) => {
+            for item in t.iter().map_err(map_err)? {
+                let (k, _) = item.map_err(map_err)?;
+                let (p, seq) = k.value();
+                let k = path_index_key(p);
+                dst.insert((k.as_slice(), seq), none).map_err(map_err)?;
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(map_err(e)),
+    }
+    match src.open_table(HISTORY_TIMES) {
+        Ok(t) => {
+            for item in t.iter().map_err(map_err)? {
+                let (k, _) = item.map_err(map_err)?;
+                let (t, seq) = k.value();
+                let k = time_index_key(t);
+                dst.insert((k.as_slice(), seq), none).map_err(map_err)?;
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(map_err(e)),
+    }
     Ok(())
 }
 
@@ -565,5 +618,163 @@ mod tests {
         assert_eq!(r.commit_number().unwrap(), at + 1);
         assert_eq!(r.meta_bytes("theirs").unwrap(), Some(vec![6]));
         assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+    }
+
+    /// A snapshot of format 8 (history's path and time indexes in tables of their own) leaves
+    /// the follower's store of this format, its path and time rows taken from those tables:
+    /// the indexes agree with the records, and history answers as the writer's does.
+    #[test]
+    fn a_format_8_snapshot_s_history_indexes_are_put_where_this_format_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open_or_create(&dir.path().join("a.redb"), (0, 0)).unwrap();
+        let b = Store::open_or_create(&dir.path().join("b.redb"), (0, 0)).unwrap();
+        for s in [&a, &b] {
+            s.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        }
+        let create = |s: &Store, name: &str| {
+            let mut w = s.write().unwrap();
+            let root = w.inode(ROOT_INO).unwrap().unwrap();
+            let f = Inode {
+                ino: w.alloc_ino().unwrap(),
+                kind: Kind::File,
+                perm: 0o644,
+                nlink: 1,
+                size: 2,
+                parent: ROOT_INO,
+                name: name.into(),
+                ..root
+            };
+            w.put_file(&f, b"hi").unwrap();
+            w.put_dirent(ROOT_INO, name, f.ino, Kind::File).unwrap();
+            w.describe(crate::store::OpInfo {
+                op: "create",
+                paths: vec![format!("/{name}")],
+                ..Default::default()
+            });
+            w.commit(Sync::Durable).unwrap();
+        };
+        create(&a, "only-here");
+        for i in 0..5 {
+            create(&b, &format!("f{i}"));
+        }
+        let r = b.read().unwrap();
+        let commit = r.commit_number().unwrap();
+        let want = r.history_of(None, None, usize::MAX).unwrap();
+        let want_path = r.history_of(Some("/f3"), None, usize::MAX).unwrap();
+        let snap = dir.path().join("snap.redb");
+        r.copy_to(&snap, &mut |_| {}).unwrap();
+        drop(r);
+        {
+            // The snapshot as a format-8 writer holds it.
+            let db = Database::builder().open(&snap).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut keys = tx.open_table(HISTORY_KEYS).unwrap();
+                let mut paths = tx.open_table(HISTORY_PATHS).unwrap();
+                let mut times = tx.open_table(HISTORY_TIMES).unwrap();
+                let rows: Vec<(Vec<u8>, u64)> = keys
+                    .range((&[PATH_INDEX_TAG][..], 0)..)
+                    .unwrap()
+                    .map(|i| {
+                        let (k, _) = i.unwrap();
+                        let (k, seq) = k.value();
+                        (k.to_vec(), seq)
+                    })
+                    .collect();
+                assert_eq!(rows.len(), 10);
+                for (k, seq) in rows {
+                    keys.remove((k.as_slice(), seq)).unwrap();
+                    match time_of_index_key(&k) {
+                        Some(t) => drop(times.insert((t, seq), ()).unwrap()),
+                        None => {
+                            let p = std::str::from_utf8(&k[1..]).unwrap();
+                            drop(paths.insert((p, seq), ()).unwrap());
+                        }
+                    }
+                }
+                tx.open_table(META)
+                    .unwrap()
+                    .insert(META_FORMAT, 8u64.to_le_bytes().as_slice())
+                    .unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        a.become_snapshot(&snap, commit, &[]).unwrap();
+        let r = a.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(u64::from(FORMAT_VERSION))
+        );
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        assert_eq!(r.history_of(None, None, usize::MAX).unwrap(), want);
+        assert_eq!(
+            r.history_of(Some("/f3"), None, usize::MAX).unwrap(),
+            want_path
+        );
+        assert!(
+            r.history_of(Some("/only-here"), None, 10)
+                .unwrap()
+                .is_empty()
+        );
+        let since = want[1].time;
+        let got = r.history_of(None, Some(since), usize::MAX).unwrap();
+        let recent: Vec<_> = want.iter().filter(|h| h.time >= since).cloned().collect();
+        assert!(recent.len() >= 2);
+        assert_eq!(got, recent);
+    }
+
+    /// A record of a format-8 writer (or a log an earlier release left) puts and removes
+    /// rows of `history_paths` and `history_times`: applied here, they are put in and
+    /// removed from `history_keys`, where this format keeps them.
+    #[test]
+    fn a_format_8_record_s_path_and_time_rows_go_to_the_key_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open_or_create(&dir.path().join("a.redb"), (0, 0)).unwrap();
+        let entry = |op: u8, table: &str, key: &[u8]| {
+            let mut e = vec![op, table.len() as u8];
+            e.extend_from_slice(table.as_bytes());
+            e.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            e.extend_from_slice(key);
+            if op == 1 {
+                e.extend_from_slice(&0u32.to_le_bytes());
+            }
+            e
+        };
+        let path = <(&str, u64) as redb::Value>::as_bytes(&("/x", 7));
+        let time = <(i64, u64) as redb::Value>::as_bytes(&(-5, 7));
+        let apply = |op: u8| {
+            let payload = [
+                entry(op, "history_paths", &path),
+                entry(op, "history_times", &time),
+            ]
+            .concat();
+            crate::store::redo::check(&payload).unwrap();
+            let tx = a.writable_db().unwrap().begin_write().unwrap();
+            replay_noting(&tx, &payload, &mut |_, _| {}).unwrap();
+            tx.commit().unwrap();
+        };
+        let rows = || {
+            let r = a.read().unwrap();
+            let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+            let v: Vec<(Vec<u8>, u64)> = keys
+                .iter()
+                .unwrap()
+                .map(|i| {
+                    let (k, _) = i.unwrap();
+                    let (k, seq) = k.value();
+                    (k.to_vec(), seq)
+                })
+                .collect();
+            v
+        };
+        apply(1);
+        assert_eq!(
+            rows(),
+            vec![(path_index_key("/x"), 7), (time_index_key(-5).to_vec(), 7)]
+        );
+        assert_eq!(a.read().unwrap().seq_at_time(-5).unwrap(), 7);
+        assert_eq!(a.read().unwrap().seq_at_time(-6).unwrap(), 0);
+        apply(2);
+        assert_eq!(rows(), vec![]);
     }
 }

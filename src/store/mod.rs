@@ -101,7 +101,12 @@ pub enum StoreError {
     ReadOnly,
     /// The store must be written before it can be read as it is (recovered after a crash,
     /// or migrated), which a read-only open never does.
-    NeedsWriting { path: PathBuf, why: &'static str },
+    NeedsWriting {
+        path: PathBuf,
+        why: &'static str,
+        /// The format the file is stamped with, when that was read (a store to migrate).
+        format: Option<u64>,
+    },
     /// Refused before committing: the transaction grows directory `dir` past its quota of
     /// `limit` content bytes (or, when `files`, files and directories). Nothing was written.
     DirQuota { dir: u64, files: bool, limit: u64 },
@@ -130,7 +135,7 @@ impl std::fmt::Display for StoreError {
             StoreError::Io(m) => write!(f, "store I/O error: {m}"),
             StoreError::Refused(m) => write!(f, "{m}"),
             StoreError::ReadOnly => write!(f, "the store is open read-only; nothing was written"),
-            StoreError::NeedsWriting { path, why } => write!(
+            StoreError::NeedsWriting { path, why, .. } => write!(
                 f,
                 "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
                  which reads a recovered private copy) before opening it read-only",

@@ -266,9 +266,22 @@ impl Store {
     fn stamp_format_8(&self) -> Result<(), StoreError> {
         let mut w = self.write()?;
         w.without_history();
-        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.put_meta(META_FORMAT, &(schema::FORMAT_8 as u64).to_le_bytes())?;
         w.commit_checkpoint()?;
         tracing::info!(store = %self.path.display(), "store format 7 migrated to 8: inode and directory usage records are written compactly, which earlier releases cannot read");
+        Ok(())
+    }
+
+    /// Migrates a format-8 store: the rows of `history_paths` and `history_times` move into
+    /// `history_keys` (see `schema::FORMAT_8`), in one durable transaction (linear in the
+    /// records): a crash leaves the store as it was, or migrated.
+    fn merge_history_indexes(&self) -> Result<(), StoreError> {
+        let mut w = self.write()?;
+        w.without_history();
+        let n = w.merge_history_indexes()?;
+        w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())?;
+        w.commit_checkpoint()?;
+        tracing::info!(store = %self.path.display(), rows = n, "store format 8 migrated to 9: history's path and time indexes are kept in its key index, so a commit writes one index table instead of three");
         Ok(())
     }
 
@@ -308,6 +321,11 @@ impl Store {
             Some(v) if v == schema::FORMAT_7 as u64 => {
                 drop(r);
                 self.stamp_format_8()?;
+                return self.init_or_verify(root_owner);
+            }
+            Some(v) if v == schema::FORMAT_8 as u64 => {
+                drop(r);
+                self.merge_history_indexes()?;
                 return self.init_or_verify(root_owner);
             }
             Some(v) => {
@@ -353,8 +371,6 @@ impl Store {
             tx.open_table(MARKS).map_err(map_err)?;
             tx.open_table(REDACTED).map_err(map_err)?;
             tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-            tx.open_table(HISTORY_PATHS).map_err(map_err)?;
-            tx.open_table(HISTORY_TIMES).map_err(map_err)?;
             tx.open_table(SUBTREE).map_err(map_err)?;
             tx.open_table(QUOTAS).map_err(map_err)?;
             tx.open_table(DELTAS).map_err(map_err)?;
@@ -558,7 +574,8 @@ mod tests {
         assert_eq!(log.iter().map(|h| h.seq).collect::<Vec<_>>(), vec![2]);
     }
 
-    /// A store of format 6 is stamped 7 at open and reads as it was; read-only, as it is.
+    /// A store of format 6 is stamped 7 at open and reads as it was; read-only, it is
+    /// refused (its history's indexes must be moved first).
     /// The highest seq its marks name is kept in `meta`, and a later mark raises it.
     #[test]
     fn a_format_6_store_is_stamped_7_at_open() {
@@ -575,11 +592,10 @@ mod tests {
             w.put_meta(META_FORMAT, &6u64.to_le_bytes()).unwrap();
             w.commit(Sync::Durable).unwrap();
         }
-        {
-            let store = crate::store::Store::open_read_only(&path).unwrap();
-            let r = store.read().unwrap();
-            assert_eq!(r.meta_u64(META_FORMAT).unwrap(), Some(6));
-        }
+        assert!(matches!(
+            crate::store::Store::open_read_only(&path),
+            Err(StoreError::NeedsWriting { .. })
+        ));
         let store = Store::open_or_create(&path, (0, 0)).unwrap();
         let r = store.read().unwrap();
         assert_eq!(
@@ -600,9 +616,43 @@ mod tests {
         assert_eq!(r.meta_u64(META_MARKED).unwrap(), Some(9));
     }
 
+    /// Moves history's path and time rows out of `history_keys` into the tables of their
+    /// own that formats 4 to 8 kept them in.
+    fn split_history_indexes(store: &Store) {
+        let mut w = store.write().unwrap();
+        w.without_history();
+        {
+            let mut keys = w.tx.open_table(HISTORY_KEYS).unwrap();
+            let rows: Vec<(Vec<u8>, u64)> = keys
+                .range((&[PATH_INDEX_TAG][..], 0)..)
+                .unwrap()
+                .map(|i| {
+                    let (k, _) = i.unwrap();
+                    let (k, seq) = k.value();
+                    (k.to_vec(), seq)
+                })
+                .collect();
+            let mut paths = w.tx.open_table(HISTORY_PATHS).unwrap();
+            let mut times = w.tx.open_table(HISTORY_TIMES).unwrap();
+            for (k, seq) in rows {
+                keys.remove((k.as_slice(), seq)).unwrap();
+                match time_of_index_key(&k) {
+                    Some(t) => drop(times.insert((t, seq), ()).unwrap()),
+                    None => {
+                        let p = std::str::from_utf8(&k[1..]).unwrap();
+                        drop(paths.insert((p, seq), ()).unwrap());
+                    }
+                }
+            }
+        }
+        w.commit(Sync::Durable).unwrap();
+    }
+
     /// Rewrites every inode record and subtree row as format 7 wrote them (inode record
-    /// version 2, subtree record version 1) and stamps the store 7.
+    /// version 2, subtree record version 1), history's indexes as it kept them, and stamps
+    /// the store 7.
     fn back_to_format_7(store: &Store) {
+        split_history_indexes(store);
         let mut w = store.write().unwrap();
         w.without_history();
         {
@@ -661,8 +711,8 @@ mod tests {
 
     /// A store of format 7 (inode records of version 2, subtree rows of version 1, and
     /// history's before-images of such records) is stamped 8 at open, nothing rewritten; its
-    /// files and their earlier versions read as before, read-only too, `check` finds nothing,
-    /// and a record changed after is written in the new form.
+    /// files and their earlier versions read as before, `check` finds nothing, and a record
+    /// changed after is written in the new form.
     #[test]
     fn a_format_7_store_is_stamped_8_at_open_and_keeps_its_contents() {
         let dir = tempfile::tempdir().unwrap();
@@ -726,15 +776,11 @@ mod tests {
                 .clone()
                 .unwrap()
         };
-        {
-            let store = crate::store::Store::open_read_only(&path).unwrap();
-            let r = store.read().unwrap();
-            assert_eq!(r.meta_u64(META_FORMAT).unwrap(), Some(7));
-            assert_eq!(versions(&r), (vec![2], vec![1]));
-            assert_eq!(content(&r), b"one two");
-            assert_eq!(earlier(&r), b"one");
-            assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
-        }
+        // Read-only, it must be migrated first (`a_format_8_store_..._read_only`).
+        assert!(matches!(
+            crate::store::Store::open_read_only(&path),
+            Err(StoreError::NeedsWriting { .. })
+        ));
         let store = Store::open_or_create(&path, (0, 0)).unwrap();
         let r = store.read().unwrap();
         assert_eq!(
@@ -768,6 +814,198 @@ mod tests {
         let past = r.past(second_point).unwrap();
         let got = crate::store::TreeView::chunks(&past, f, 0, 1).unwrap();
         assert_eq!(got[0].as_deref(), Some(&b"one two"[..]));
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+    }
+
+    /// Every answer of history's queries about the store `r` reads: the whole log, each
+    /// of `paths`' logs, the log since each record's time, the point at each record's time
+    /// (and just before it), and the whole tree at every point, with each file's content.
+    fn history_answers(r: &crate::store::ReadTxn, paths: &[&str]) -> Vec<String> {
+        use crate::store::TreeView;
+        fn tree(t: &dyn TreeView, dir: u64, at: &str, out: &mut Vec<String>) {
+            for e in t.list(dir).unwrap() {
+                let path = format!("{at}/{}", e.name);
+                match e.kind {
+                    Kind::Dir => {
+                        out.push(format!("{path}/"));
+                        tree(t, e.ino, &path, out);
+                    }
+                    Kind::File => {
+                        let size = t.inode(e.ino).unwrap().unwrap().size;
+                        let chunks = t.chunks(e.ino, 0, size.div_ceil(65536).max(1)).unwrap();
+                        out.push(format!("{path} {size} {chunks:?}"));
+                    }
+                }
+            }
+        }
+        let summary = |log: Vec<HistoryRecord>| -> String {
+            let v: Vec<_> = log
+                .iter()
+                .map(|h| (h.seq, &h.op, &h.paths, h.time))
+                .collect();
+            format!("{v:?}")
+        };
+        let all = r.history_of(None, None, usize::MAX).unwrap();
+        assert!(all.len() > 10, "{}", all.len());
+        let mut out = vec![summary(all.clone())];
+        for p in paths {
+            out.push(summary(r.history_of(Some(p), None, usize::MAX).unwrap()));
+        }
+        for h in &all {
+            out.push(summary(
+                r.history_of(None, Some(h.time), usize::MAX).unwrap(),
+            ));
+            out.push(summary(
+                r.history_of(Some(paths[0]), Some(h.time), usize::MAX)
+                    .unwrap(),
+            ));
+            out.push(format!(
+                "{} {}",
+                r.seq_at_time(h.time).unwrap(),
+                r.seq_at_time(h.time - 1).unwrap()
+            ));
+            let mut t = Vec::new();
+            tree(&r.past(h.seq - 1).unwrap(), ROOT_INO, "", &mut t);
+            out.push(t.join("\n"));
+        }
+        out
+    }
+
+    /// A store with a history of creates, writes, a directory's rename and removals.
+    fn store_with_history(path: &std::path::Path) {
+        use crate::fs::{Caller, Fs, Limits, OpenMode};
+        const ME: Caller = Caller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+        };
+        let store = Store::open_or_create(path, (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let write = |parent: u64, name: &str, text: &str| {
+            let fh = match fs.lookup(parent, name.as_bytes()) {
+                Ok(i) => {
+                    let mode = OpenMode {
+                        write: true,
+                        truncate: true,
+                        ..OpenMode::default()
+                    };
+                    fs.open(ME, i.ino, mode).unwrap()
+                }
+                Err(_) => {
+                    fs.create(ME, parent, name.as_bytes(), 0o644, 0, libc::O_WRONLY)
+                        .unwrap()
+                        .1
+                }
+            };
+            fs.write(ME, fh, 0, text.as_bytes()).unwrap();
+            fs.release(fh).unwrap();
+        };
+        let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap().ino;
+        for i in 0..12 {
+            write(d, &format!("f{}.md", i % 5), &format!("version {i}"));
+            write(ROOT_INO, "top.md", &"x".repeat(100 * i));
+        }
+        fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"e", 0).unwrap();
+        write(d, "f1.md", "after the rename");
+        fs.unlink(ME, d, b"f2.md").unwrap();
+        fs.unlink(ME, ROOT_INO, b"top.md").unwrap();
+    }
+
+    /// A store of format 8 (history's path and time indexes in tables of their own) has
+    /// them moved into `history_keys` at open: the old tables are gone, and every query of
+    /// history answers as before the migration, `check` finding nothing. Read-only, the
+    /// store is refused until a writable opening has migrated it.
+    #[test]
+    fn a_format_8_store_has_its_history_indexes_merged_at_open_and_answers_as_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        store_with_history(&path);
+        let paths = ["/e/f1.md", "/e", "/d/f1.md", "/top.md", "/e/f2.md"];
+        let before = {
+            let store = Store::open_existing(&path).unwrap();
+            let r = store.read().unwrap();
+            history_answers(&r, &paths)
+        };
+        {
+            let store = Store::open_existing(&path).unwrap();
+            split_history_indexes(&store);
+            let mut w = store.write().unwrap();
+            w.without_history();
+            w.put_meta(META_FORMAT, &8u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+            let r = store.read().unwrap();
+            let keys = r.tx.open_table(HISTORY_KEYS).unwrap();
+            assert!(
+                keys.range((&[PATH_INDEX_TAG][..], 0)..)
+                    .unwrap()
+                    .next()
+                    .is_none()
+            );
+            let paths = r.tx.open_table(HISTORY_PATHS).unwrap();
+            assert!(paths.iter().unwrap().next().is_some());
+        }
+        let e = crate::store::Store::open_read_only(&path).err().unwrap();
+        assert!(matches!(e, StoreError::NeedsWriting { .. }), "{e}");
+        assert!(e.to_string().contains("store format (4 to 8)"), "{e}");
+        let store = Store::open_existing(&path).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        use redb::TableHandle;
+        for gone in [HISTORY_PATHS.name(), HISTORY_TIMES.name()] {
+            let held = r.tx.list_tables().unwrap().any(|t| t.name() == gone);
+            assert!(!held, "{gone} is still there");
+        }
+        assert_eq!(history_answers(&r, &paths), before);
+        assert_eq!(r.history_index_findings().unwrap(), Vec::<String>::new());
+        assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        drop(r);
+        drop(store);
+        let store = crate::store::Store::open_read_only(&path).unwrap();
+        assert_eq!(history_answers(&store.read().unwrap(), &paths), before);
+    }
+
+    /// The format-8 migration is one transaction: stopped before its commit (a crash), it
+    /// leaves the store as it was, of format 8 with its tables, and the next opening
+    /// migrates it.
+    #[test]
+    fn a_format_8_migration_stopped_before_its_commit_leaves_the_store_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        store_with_history(&path);
+        let paths = ["/e/f1.md", "/top.md"];
+        let before = {
+            let store = Store::open_existing(&path).unwrap();
+            let answers = history_answers(&store.read().unwrap(), &paths);
+            split_history_indexes(&store);
+            let mut w = store.write().unwrap();
+            w.without_history();
+            w.put_meta(META_FORMAT, &8u64.to_le_bytes()).unwrap();
+            w.commit(Sync::Durable).unwrap();
+            // The migration's work, then no commit.
+            let mut w = store.write().unwrap();
+            w.without_history();
+            assert!(w.merge_history_indexes().unwrap() > 0);
+            w.put_meta(META_FORMAT, &(FORMAT_VERSION as u64).to_le_bytes())
+                .unwrap();
+            drop(w);
+            let r = store.read().unwrap();
+            assert_eq!(r.meta_u64(META_FORMAT).unwrap(), Some(8));
+            use redb::ReadableTableMetadata;
+            let held = r.tx.open_table(HISTORY_PATHS).unwrap().len().unwrap();
+            assert!(held > 0);
+            answers
+        };
+        let store = Store::open_existing(&path).unwrap();
+        let r = store.read().unwrap();
+        assert_eq!(
+            r.meta_u64(META_FORMAT).unwrap(),
+            Some(FORMAT_VERSION as u64)
+        );
+        assert_eq!(history_answers(&r, &paths), before);
         assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
     }
 }

@@ -276,12 +276,13 @@ impl TreeView for Past<'_> {
         // of one directory are adjacent in the index, each key's records in seq order.
         let t = self.now.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
         let lo = undo_key(2, &[parent], "");
-        let hi = parent.checked_add(1).map(|p| undo_key(2, &[p], ""));
-        let range = match &hi {
-            Some(hi) => t.range((lo.as_slice(), 0)..(hi.as_slice(), 0)),
-            None => t.range((lo.as_slice(), 0)..),
-        }
-        .map_err(map_err)?;
+        // The last directory's entries end where the next tag's keys start.
+        let hi = parent
+            .checked_add(1)
+            .map_or_else(|| vec![3], |p| undo_key(2, &[p], ""));
+        let range = t
+            .range((lo.as_slice(), 0)..(hi.as_slice(), 0))
+            .map_err(map_err)?;
         let mut done: Option<Vec<u8>> = None;
         for item in range {
             let (k, v) = item.map_err(map_err)?;

@@ -47,6 +47,12 @@ impl Store {
         let needs = |why| StoreError::NeedsWriting {
             path: path.to_path_buf(),
             why,
+            format: None,
+        };
+        let migrate = |format: u64, why| StoreError::NeedsWriting {
+            path: path.to_path_buf(),
+            why,
+            format: Some(format),
         };
         let mut builder = Database::builder();
         builder.set_cache_size(cache_bytes);
@@ -68,21 +74,26 @@ impl Store {
         let store = Store::over(Engine::ReadOnly(db), None, disk::Disk::Host, path);
         let r = store.read()?;
         match r.meta_u64(META_FORMAT)? {
-            // A format-4 store reads as it is: its content is all in blobs, which format 5
-            // reads too; a format-5 store too: its history records are whole and its blobs
-            // full, which format 6 reads too; a format-6 or 7 store, whose records this
-            // build reads, differs only in its number.
+            Some(v) if v == FORMAT_VERSION as u64 => {}
+            // Formats 4 to 8 keep history's path and time indexes in tables this build no
+            // longer reads: one writable opening moves them (`schema::FORMAT_8`).
             Some(v)
-                if v == FORMAT_VERSION as u64
+                if v == FORMAT_8 as u64
                     || v == FORMAT_7 as u64
                     || v == FORMAT_6 as u64
                     || v == FORMAT_5 as u64
-                    || v == FORMAT_WITHOUT_INLINE as u64 => {}
+                    || v == FORMAT_WITHOUT_INLINE as u64 =>
+            {
+                return Err(migrate(
+                    v,
+                    "is of an earlier store format (4 to 8) and must be migrated",
+                ));
+            }
             Some(v) if v == FORMAT_WITHOUT_CHECKSUMS as u64 => {
-                return Err(needs("is of store format 2 and must be migrated"));
+                return Err(migrate(v, "is of store format 2 and must be migrated"));
             }
             Some(v) if v == FORMAT_WITHOUT_HISTORY_INDEXES as u64 => {
-                return Err(needs("is of store format 3 and must be migrated"));
+                return Err(migrate(v, "is of store format 3 and must be migrated"));
             }
             Some(v) => {
                 return Err(StoreError::UnknownFormat {
@@ -116,6 +127,9 @@ pub struct ReadOnlyStore {
     path: PathBuf,
     /// The private directory holding the copy `store` is, if it is one (removed on drop).
     copy: Option<tempfile::TempDir>,
+    /// The format the file itself is stamped with, when the copy is read because the file
+    /// is of an earlier one (the copy is migrated).
+    file_format: Option<u64>,
 }
 
 /// The most a check's opening of a store caches (`check_cache_bytes`).
@@ -142,11 +156,11 @@ impl ReadOnlyStore {
     }
 
     fn open_with_cache(path: &Path, cache_bytes: usize) -> Result<ReadOnlyStore, StoreError> {
-        let (store, copy) = match Store::open_read_only_with_cache(path, cache_bytes) {
-            Ok(store) => (store, None),
-            Err(StoreError::NeedsWriting { .. }) => {
+        let (store, copy, file_format) = match Store::open_read_only_with_cache(path, cache_bytes) {
+            Ok(store) => (store, None, None),
+            Err(StoreError::NeedsWriting { format, .. }) => {
                 let (store, dir) = Store::private_copy(path)?;
-                (store, Some(dir))
+                (store, Some(dir), format)
             }
             Err(e) => return Err(e),
         };
@@ -154,6 +168,7 @@ impl ReadOnlyStore {
             store,
             path: path.to_path_buf(),
             copy,
+            file_format,
         })
     }
 
@@ -165,6 +180,15 @@ impl ReadOnlyStore {
     /// migrated or its aggregates built), not the file itself.
     pub fn is_private_copy(&self) -> bool {
         self.copy.is_some()
+    }
+
+    /// The format the store file is stamped with: that of the store read, unless it is a
+    /// private copy migrated from an earlier format, whose number this gives.
+    pub fn file_format(&self) -> Result<Option<u64>, StoreError> {
+        match self.file_format {
+            Some(f) => Ok(Some(f)),
+            None => self.store.read()?.meta_u64(META_FORMAT),
+        }
     }
 
     /// Bytes the store file occupies on disk.

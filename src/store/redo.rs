@@ -264,8 +264,16 @@ pub(super) fn replay_noting(
             "marks" => apply(tx, MARKS, &key, v),
             "redacted" => apply(tx, REDACTED, &key, v),
             "history_keys" => apply(tx, HISTORY_KEYS, &key, v),
-            "history_paths" => apply(tx, HISTORY_PATHS, &key, v),
-            "history_times" => apply(tx, HISTORY_TIMES, &key, v),
+            // A record of a format-8 store (a log left by an earlier release, or a writer
+            // running one): its path and time rows go where this format keeps them.
+            "history_paths" => {
+                let (p, seq) = <(&str, u64) as redb::Value>::from_bytes(&key);
+                apply_index_row(tx, &path_index_key(p), seq, v.is_some())
+            }
+            "history_times" => {
+                let (t, seq) = <(i64, u64) as redb::Value>::from_bytes(&key);
+                apply_index_row(tx, &time_index_key(t), seq, v.is_some())
+            }
             "subtree" => apply(tx, SUBTREE, &key, v),
             "quotas" => apply(tx, QUOTAS, &key, v),
             "deltas" => apply(tx, DELTAS, &key, v),
@@ -319,6 +327,21 @@ pub(super) fn put_entry_len(table: &str, value_len: usize) -> usize {
 }
 
 /// Puts or removes one key of table `def`, as a log record says.
+/// Puts (or removes) a path or time row of history's indexes in `history_keys`.
+fn apply_index_row(
+    tx: &redb::WriteTransaction,
+    key: &[u8],
+    seq: u64,
+    put: bool,
+) -> Result<(), StoreError> {
+    let mut t = tx.open_table(HISTORY_KEYS).map_err(map_err)?;
+    match put {
+        true => drop(t.insert((key, seq), [].as_slice()).map_err(map_err)?),
+        false => drop(t.remove((key, seq)).map_err(map_err)?),
+    }
+    Ok(())
+}
+
 fn apply<K: redb::Key + 'static, V: redb::Value + 'static>(
     tx: &redb::WriteTransaction,
     def: TableDefinition<K, V>,

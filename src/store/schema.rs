@@ -2,7 +2,7 @@
 //! disk. Encodings are explicit little-endian layouts with a leading version byte, written by
 //! hand, so the file format does not depend on the compiler's layout or the machine's endianness.
 //!
-//! # Tables (format version 8)
+//! # Tables (format version 9)
 //!
 //! ```text
 //! meta     &str            -> &[u8]     "format" u32: the store format version (FORMAT_VERSION)
@@ -94,10 +94,19 @@
 //!                                       before-image is the record's first entry for it
 //!                                       (written for a record held in one value, version 3
 //!                                       inline; an undo entry is never empty)
-//! history_paths (&str path, u64 seq) -> ()     every path a record names: `log PATH`
-//! history_times (i64 time, u64 seq)  -> ()     when each record committed: `--since`, and
-//!                                       points given as a time
+//!                                       Two more kinds of row (format 9), each a range of
+//!                                       its own above the undo keys, value empty:
+//!                                       16 path: path bytes -> every path a record names:
+//!                                       `log PATH` (bytes order as the paths do);
+//!                                       17 time: big-endian time with its sign bit
+//!                                       flipped -> when each record committed: `--since`,
+//!                                       and points given as a time
 //! ```
+//!
+//! Formats 4 to 8 kept the path and time rows in tables of their own, `history_paths`
+//! (&str path, u64 seq) -> () and `history_times` (i64 time, u64 seq) -> (): three tables
+//! each record's commit wrote to instead of one, and redb's commit costs work per table it
+//! dirtied. A format-8 store has them moved into `history_keys` at open, in one transaction.
 //!
 //! More meta keys: "history_next" u64 (next history seq, from 1), "keep_history" u64 (retention
 //! in ns; 0 = history off), "log_seq" u64 (the number of the last commit, the sequence number
@@ -288,7 +297,11 @@ use redb::TableDefinition;
 pub const MAX_DELTA_RUN: u8 = 255;
 
 /// The store format this build reads and writes. A store of any other version is refused.
-pub const FORMAT_VERSION: u32 = 8;
+pub const FORMAT_VERSION: u32 = 9;
+/// The format before history's path and time indexes moved into `history_keys` (tagged
+/// rows, see `path_index_key` and `time_index_key`), migrated at open in one transaction:
+/// the rows of `history_paths` and `history_times` are copied and those tables deleted.
+pub const FORMAT_8: u32 = 8;
 /// The format before compact inode and subtree records (inode record version 3, subtree
 /// record version 2), migrated at open by stamping the new number: nothing is rewritten,
 /// and its records read as they are (each is rewritten in the new form when it next
@@ -334,8 +347,11 @@ pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks
 pub(crate) const REDACTED: TableDefinition<u64, ()> = TableDefinition::new("redacted");
 pub(crate) const HISTORY_KEYS: TableDefinition<(&[u8], u64), &[u8]> =
     TableDefinition::new("history_keys");
+/// History's path index before format 9 (now rows of `history_keys`, `path_index_key`):
+/// read only to migrate a store, a follower's snapshot or a log of an earlier format.
 pub(crate) const HISTORY_PATHS: TableDefinition<(&str, u64), ()> =
     TableDefinition::new("history_paths");
+/// History's time index before format 9 (now rows of `history_keys`, `time_index_key`).
 pub(crate) const HISTORY_TIMES: TableDefinition<(i64, u64), ()> =
     TableDefinition::new("history_times");
 pub(crate) const SUBTREE: TableDefinition<u64, &[u8]> = TableDefinition::new("subtree");
@@ -1390,6 +1406,42 @@ impl Undo {
 }
 
 /// A `history_keys` key: the table tag, big-endian numbers, then a name.
+/// The tag of a path row in `history_keys` (format 9): above every undo key's tag, so the
+/// rows of one index are one range of the table, each in the order the index had as a
+/// table of its own.
+pub(crate) const PATH_INDEX_TAG: u8 = 0x10;
+/// The tag of a time row in `history_keys` (format 9).
+pub(crate) const TIME_INDEX_TAG: u8 = 0x11;
+
+/// The `history_keys` key of path `p` in history's path index: its tag, then the path's
+/// bytes. Bytes compare as the strings do, and a path holds no NUL, so `(key, seq)` orders
+/// as `(path, seq)` did in `history_paths`.
+pub(crate) fn path_index_key(p: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + p.len());
+    k.push(PATH_INDEX_TAG);
+    k.extend_from_slice(p.as_bytes());
+    k
+}
+
+/// The `history_keys` key of time `t` (ns since the epoch) in history's time index: its
+/// tag, then the time with its sign bit flipped, big-endian, so keys order as times do.
+pub(crate) fn time_index_key(t: i64) -> [u8; 9] {
+    let mut k = [TIME_INDEX_TAG; 9];
+    k[1..].copy_from_slice(&((t as u64) ^ (1 << 63)).to_be_bytes());
+    k
+}
+
+/// The time a `time_index_key` holds; None for any other key.
+pub(crate) fn time_of_index_key(k: &[u8]) -> Option<i64> {
+    match k {
+        [TIME_INDEX_TAG, rest @ ..] => {
+            let b: [u8; 8] = rest.try_into().ok()?;
+            Some((u64::from_be_bytes(b) ^ (1 << 63)) as i64)
+        }
+        _ => None,
+    }
+}
+
 pub(crate) fn undo_key(tag: u8, nums: &[u64], name: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + 8 * nums.len() + name.len());
     k.push(tag);

@@ -119,7 +119,6 @@ impl Tx {
     }
 
     /// Deletes table `def`, closing it first if it is open.
-    #[cfg(test)]
     pub(super) fn delete_table<K: Key + 'static, V: Value + 'static>(
         &mut self,
         def: TableDefinition<K, V>,
