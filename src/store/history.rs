@@ -717,7 +717,7 @@ fn fold_findings(r: &HistoryRecord) -> Vec<String> {
     let writes = |ops: &[String]| ops.iter().all(|o| o == "write");
     let fits = match r.op.as_str() {
         "rename" => {
-            r.folded.first().map(String::as_str) == Some("create") && { writes(&r.folded[1..]) }
+            r.folded.first().map(String::as_str) == Some("create") && writes(&r.folded[1..])
         }
         "create" => r.folded == ["write"],
         _ => false,
@@ -1099,15 +1099,16 @@ impl WriteTxn<'_> {
     /// Takes the write described by `info`, whose before-images are `undo`, into the record
     /// of the file's create in place of a record of its own, when that create is the
     /// store's newest record and point, has taken in no write yet (a later edit of the
-    /// file is a version of its own), made by the writing process (any of its threads)
-    /// within `FOLD_WINDOW_NS` of `now` and the retention, naming the same one path, with no lost update
-    /// noted, nothing redacted, held in one value, and no mark naming its point; and every
-    /// before-image of the write is either of a key the create's record already restores
-    /// (its first image wins: the file did not exist, its directories were as before) or of
-    /// a chunk of the new file that held nothing before. The create's record keeps its seq
-    /// and time, so its index entries stay as they are: only its size after, its entries
-    /// for the new chunks and its `folded` note ("write") change. Whether it did. The SDK's
-    /// create: a file made with `O_EXCL`, written, fsynced and closed, one record.
+    /// file is a version of its own), was made by the writing process (any of its threads)
+    /// within `FOLD_WINDOW_NS` of `now` and within the retention, names the same one path,
+    /// notes no lost update, has nothing redacted, is held in one value, and no mark names
+    /// its point; and every before-image of the write is either of a key the create's
+    /// record already restores (its first image wins: the file did not exist, its
+    /// directories were as before) or of a chunk of the new file that held nothing before.
+    /// The create's record keeps its seq and time, so its index entries stay as they are:
+    /// only its size after, its entries for the new chunks and its `folded` note ("write")
+    /// change. Whether it did. The SDK's create: a file made with `O_EXCL`, written,
+    /// fsynced and closed, one record.
     fn fold_into_create(
         &mut self,
         info: &OpInfo,
@@ -1141,11 +1142,7 @@ impl WriteTxn<'_> {
             && r.undo
                 .iter()
                 .any(|u| matches!(u, Undo::Inode { ino, old: None } if *ino == r.ino));
-        let next = {
-            let meta = self.tx.open_table(META).map_err(map_err)?;
-            super::read::meta_u64_in(&*meta, META_HISTORY_NEXT)?
-        };
-        if !fits || next != Some(r.seq + 1) || !same_process(info.pid, r.pid) {
+        if !fits || self.last_seq()? != r.seq || !same_process(info.pid, r.pid) {
             return Ok(false);
         }
         // A mark names the point after the create: it would name the file written.
@@ -1193,6 +1190,7 @@ impl WriteTxn<'_> {
         let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
         let mut fold = Fold::default();
         let mut created = false;
+        // `same_process`, with this process's thread group read once.
         let group = std::cell::OnceCell::new();
         let same_process = |pid: u32| {
             pid == info.pid || {
@@ -2018,6 +2016,16 @@ impl WriteTxn<'_> {
                 n += 1;
             }
         }
+    }
+
+    /// The seq of the newest history record (0 when there is none yet), as this
+    /// transaction sees it: a mark set in the same transaction names it exactly, since no
+    /// later commit can take a write into that record first.
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        let meta = self.tx.open_table(META).map_err(map_err)?;
+        Ok(super::read::meta_u64_in(&*meta, META_HISTORY_NEXT)?
+            .unwrap_or(1)
+            .saturating_sub(1))
     }
 
     pub fn set_mark(&self, name: &str, seq: u64) -> Result<(), StoreError> {
