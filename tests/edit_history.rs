@@ -232,6 +232,65 @@ fn what_must_not_fold_does_not() {
     assert_checks(&fs);
 }
 
+/// A file created, written and fsynced by one process is one record, the create's, which
+/// undoes it all: the point before has no file, rollback to it removes the file, and
+/// rollback to the point after brings its bytes back. `check` accepts such a create and
+/// refuses one folding anything but a write.
+#[test]
+fn a_create_takes_in_its_first_write_and_undoes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "old.md", b"older");
+    let before = last_seq(&fs);
+    let data = version(3000, 1);
+    write(&fs, ME, "mem.md", &data);
+    let all = records(&fs);
+    assert_eq!(all[0].seq, before + 1, "one record");
+    assert_eq!(all[0].op, "create");
+    assert_eq!(all[0].folded, ["write"]);
+    assert_eq!(all[0].size_after, data.len() as u64);
+    let after = last_seq(&fs);
+    assert_eq!(after, before + 1);
+    assert!(show(&fs, "/mem.md", after) == data);
+    let r = fs.store().read().unwrap();
+    let past = r.past(before).unwrap();
+    use redbfs::store::TreeView;
+    assert_eq!(past.lookup(ROOT_INO, "mem.md").unwrap(), None);
+    drop(r);
+    assert_checks(&fs);
+    // A second write of the file is a version of its own.
+    in_place(&fs, "mem.md", &version(3000, 2));
+    assert_eq!(records(&fs)[0].op, "write");
+    assert!(show(&fs, "/mem.md", after) == data);
+    let latest = last_seq(&fs);
+    fs.rollback(ME, before).unwrap();
+    assert!(fs.lookup(ROOT_INO, b"mem.md").is_err(), "rolled back");
+    assert_eq!(read(&fs, "old.md"), b"older");
+    assert_checks(&fs);
+    fs.rollback(ME, after).unwrap();
+    assert!(read(&fs, "mem.md") == data, "and forward again");
+    fs.rollback(ME, latest).unwrap();
+    assert!(read(&fs, "mem.md") == version(3000, 2));
+    assert_checks(&fs);
+
+    let good = records(&fs)
+        .into_iter()
+        .find(|r| r.op == "create" && !r.folded.is_empty())
+        .unwrap();
+    let mut w = fs.store().write().unwrap();
+    w.without_history();
+    let mut bad = good.clone();
+    bad.folded = vec!["chmod".into()];
+    w.put_record(&bad).unwrap();
+    w.commit(Sync::Durable).unwrap();
+    let r = fs.store().read().unwrap();
+    let found = redbfs::check::invariants(&r).unwrap();
+    assert!(
+        found.iter().any(|f| f.contains("only a rename folds")),
+        "{found:?}"
+    );
+}
+
 /// `check` holds a folded record to what folding makes: a rename whose source's creation
 /// it undoes, each key once.
 #[test]

@@ -831,9 +831,11 @@ impl LogWriter {
                 r.uid,
                 r.pid,
                 shown(&r.comm),
-                match r.folded.is_empty() {
-                    true => String::new(),
-                    false => format!("  [with {} of the source]", shown(&r.folded.join(", "))),
+                match (r.folded.is_empty(), r.op == "rename") {
+                    (true, _) => String::new(),
+                    (false, true) =>
+                        format!("  [with {} of the source]", shown(&r.folded.join(", "))),
+                    (false, false) => format!("  [with {}]", shown(&r.folded.join(", "))),
                 },
                 if r.redacted { "  [redacted]" } else { "" }
             )?;

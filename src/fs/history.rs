@@ -334,9 +334,10 @@ impl Fs {
                 "{name:?}: a mark needs a name that is not a number"
             )));
         }
-        let seq = self.store().read()?.last_seq()?;
+        // Read under the write lock: the newest record cannot then take in a write first.
         let mut w = self.store().write()?;
         w.without_history();
+        let seq = w.last_seq()?;
         w.set_mark(name, seq)?;
         self.commit(w, Sync::Durable)?;
         Ok(seq)

@@ -739,18 +739,27 @@ impl IndexCheck {
     }
 }
 
-/// What is wrong with record `r` as a rename that folds in its source's create and writes
-/// (nothing for any other record): it is a rename, its first entry for the source says the
-/// source did not exist, and no key has two entries (each keeps its first before-image).
+/// What is wrong with record `r` as one that folds in others (nothing for any other
+/// record): a rename folding its source's create and writes, or a create folding the
+/// writes of the file it made; its first entry for that file says the file did not exist,
+/// and no key has two entries (each keeps its first before-image).
 fn fold_findings(r: &HistoryRecord) -> Vec<String> {
     let mut out = Vec::new();
     if r.folded.is_empty() {
         return out;
     }
     let seq = r.seq;
-    if r.op != "rename" || r.folded.first().map(String::as_str) != Some("create") {
+    let writes = |ops: &[String]| ops.iter().all(|o| o == "write");
+    let fits = match r.op.as_str() {
+        "rename" => {
+            r.folded.first().map(String::as_str) == Some("create") && writes(&r.folded[1..])
+        }
+        "create" => r.folded == ["write"],
+        _ => false,
+    };
+    if !fits {
         out.push(format!(
-            "history record {seq} folds {:?} into a {:?}: only a rename folds its source's create",
+            "history record {seq} folds {:?} into a {:?}: only a rename folds its source's create and writes, and a create its file's writes",
             r.folded, r.op
         ));
     }
@@ -771,6 +780,16 @@ fn fold_findings(r: &HistoryRecord) -> Vec<String> {
         ));
     }
     out
+}
+
+/// Whether threads `a` and `b` belong to one process: a FUSE request names the calling
+/// thread, and a process's create, write and rename may come from different threads of it
+/// (Node's thread pool).
+fn same_process(a: u32, b: u32) -> bool {
+    a == b || {
+        let g = crate::process::thread_group(a);
+        g.is_some() && g == crate::process::thread_group(b)
+    }
 }
 
 /// Merges `wanted` (sorted as `index` orders its keys) with `index`: `visit` gets each
@@ -1053,12 +1072,16 @@ impl WriteTxn<'_> {
             && (!c.undo.is_empty() || noted)
         {
             self.step(c.undo.len() as u64);
-            let mut undo = self.compact_created(c.undo)?;
-            let seq = self.next_counter(META_HISTORY_NEXT)?;
             let info = self.info.take().unwrap_or(OpInfo {
                 op: "change",
                 ..OpInfo::default()
             });
+            if self.fold_into_create(&info, &c.undo, now)? {
+                self.expire_some(now)?;
+                return Ok(());
+            }
+            let mut undo = self.compact_created(c.undo)?;
+            let seq = self.next_counter(META_HISTORY_NEXT)?;
             let mut folded = Vec::new();
             let mut source = None;
             if let Some(fold) = self.foldable(&info, now)? {
@@ -1093,13 +1116,98 @@ impl WriteTxn<'_> {
             let inline = self.put_record_whole(&record)?;
             let from = self.new_inos_from.get().unwrap_or(u64::MAX);
             self.index_record_with(&record, inline, |ino| ino >= from || Some(ino) == source)?;
-            let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
-            if keep > 0 {
-                // A bounded batch per commit keeps every commit cheap; the rest follow.
-                self.expire_history(now.saturating_sub(keep as i64), 16)?;
-            }
+            self.expire_some(now)?;
         }
         Ok(())
+    }
+
+    /// Expires a bounded batch of records older than the retention: a batch per commit
+    /// keeps every commit cheap; the rest follow.
+    fn expire_some(&mut self, now: i64) -> Result<(), StoreError> {
+        let keep = self.store.keep_history_ns.load(Ordering::Relaxed);
+        if keep > 0 {
+            self.expire_history(now.saturating_sub(keep as i64), 16)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the write described by `info`, whose before-images are `undo`, into the record
+    /// of the file's create in place of a record of its own, when that create is the
+    /// store's newest record and point, has taken in no write yet (a later edit of the
+    /// file is a version of its own), was made by the writing process (any of its threads)
+    /// within `FOLD_WINDOW_NS` of `now` and within the retention, names the same one path,
+    /// notes no lost update, has nothing redacted, is held in one value, and no mark names
+    /// its point; and every before-image of the write is either of a key the create's
+    /// record already restores (its first image wins: the file did not exist, its
+    /// directories were as before) or of a chunk of the new file that held nothing before.
+    /// The create's record keeps its seq and time, so its index entries stay as they are:
+    /// only its size after, its entries for the new chunks and its `folded` note ("write")
+    /// change. Whether it did. The SDK's create: a file made with `O_EXCL`, written,
+    /// fsynced and closed, one record.
+    fn fold_into_create(
+        &mut self,
+        info: &OpInfo,
+        undo: &[Undo],
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        if info.op != "write" || info.conflict.is_some() || info.paths.len() != 1 {
+            return Ok(false);
+        }
+        let newest = {
+            let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
+            let Some((k, v)) = hist.last().map_err(map_err)? else {
+                return Ok(false);
+            };
+            HistoryRecord::decode(k.value(), v.value())
+        };
+        let Some(mut r) = newest else {
+            return Ok(false);
+        };
+        let fits = r.op == "create"
+            && r.ino == info.ino
+            && r.paths == info.paths
+            && r.conflict.is_none()
+            && !r.redacted
+            && r.undo_parts.is_none()
+            && r.folded.is_empty()
+            && r.time <= now
+            && now - r.time <= FOLD_WINDOW_NS
+            // Not a record this commit's expiry would drop.
+            && ((now - r.time) as u64) < self.store.keep_history_ns.load(Ordering::Relaxed)
+            && r.undo
+                .iter()
+                .any(|u| matches!(u, Undo::Inode { ino, old: None } if *ino == r.ino));
+        if !fits || self.last_seq()? != r.seq || !same_process(info.pid, r.pid) {
+            return Ok(false);
+        }
+        // A mark names the point after the create: it would name the file written.
+        if self.marked()?.is_some_and(|m| m >= r.seq) {
+            return Ok(false);
+        }
+        let mut keys: std::collections::HashSet<Vec<u8>> = r.undo.iter().map(Undo::key).collect();
+        let mut added = Vec::new();
+        for u in undo {
+            match u {
+                // A chunk replaced keeps a blob alive: the records stay apart.
+                Undo::Filemap { old: Some(_), .. } => return Ok(false),
+                _ if keys.contains(&u.key()) => {}
+                Undo::Filemap { ino, old: None, .. } if *ino == r.ino => {
+                    keys.insert(u.key());
+                    added.push(u.clone());
+                }
+                _ => return Ok(false),
+            }
+        }
+        r.undo.extend(added);
+        r.undo_len = r.undo.len() as u64;
+        r.size_after = info.size_after;
+        r.folded.push("write".to_string());
+        let inline = r.encode_inline();
+        if inline.len() > RECORD_INLINE_BYTES {
+            return Ok(false);
+        }
+        self.put_history_value(r.seq, &inline)?;
+        Ok(true)
     }
 
     /// The newest records to fold into the record of this rename (`info`), newest first:
@@ -1117,8 +1225,7 @@ impl WriteTxn<'_> {
         let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
         let mut fold = Fold::default();
         let mut created = false;
-        // The same process: a FUSE request names the calling thread, and a process's create,
-        // write and rename may come from different threads of it (Node's thread pool).
+        // `same_process`, with this process's thread group read once.
         let group = std::cell::OnceCell::new();
         let same_process = |pid: u32| {
             pid == info.pid || {
@@ -1137,7 +1244,8 @@ impl WriteTxn<'_> {
                 && &r.paths[0] == from
                 && r.conflict.is_none()
                 && !r.redacted
-                && r.folded.is_empty()
+                && (r.folded.is_empty()
+                    || r.op == "create" && r.folded.iter().all(|o| o == "write"))
                 && r.time <= now
                 && now - r.time <= FOLD_WINDOW_NS
                 && matches!(r.op.as_str(), "create" | "write")
@@ -1146,6 +1254,8 @@ impl WriteTxn<'_> {
                 return Ok(None);
             }
             fold.seqs.push(r.seq);
+            // Newest first, reversed below: a create's own folded writes follow it.
+            fold.ops.extend(r.folded.iter().rev().cloned());
             fold.ops.push(r.op.clone());
             if r.op == "create" {
                 created = true;
@@ -1990,6 +2100,16 @@ impl WriteTxn<'_> {
                 n += 1;
             }
         }
+    }
+
+    /// The seq of the newest history record (0 when there is none yet), as this
+    /// transaction sees it: a mark set in the same transaction names it exactly, since no
+    /// later commit can take a write into that record first.
+    pub fn last_seq(&self) -> Result<u64, StoreError> {
+        let meta = self.tx.open_table(META).map_err(map_err)?;
+        Ok(super::read::meta_u64_in(&*meta, META_HISTORY_NEXT)?
+            .unwrap_or(1)
+            .saturating_sub(1))
     }
 
     pub fn set_mark(&self, name: &str, seq: u64) -> Result<(), StoreError> {

@@ -1123,7 +1123,10 @@ pub enum Undo {
 /// entries take at most `RECORD_INLINE_BYTES`. A folded record is a rename that also undoes
 /// the create and writes of its source the same process made just before (`folded` names
 /// them, oldest first; see `history::WriteTxn::foldable`): it keeps each key's first
-/// before-image only, and its source's first entry says the source did not exist.
+/// before-image only, and its source's first entry says the source did not exist. A create
+/// may fold the first write of its file the same way (`folded` is `["write"]`; see
+/// `history::WriteTxn::fold_into_create`): its record, updated in place, keeps its seq and
+/// time.
 ///
 /// As JSON (the control socket's `log` pages) it carries every field but the undo entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1153,8 +1156,8 @@ pub struct HistoryRecord {
     #[serde(skip)]
     pub undo_parts: Option<u32>,
     /// The operations of the earlier records folded into this one (a rename of a file the
-    /// same process had just created and written: "create", then "write"...); empty for
-    /// any other record.
+    /// same process had just created and written: "create", then "write"...; a create that
+    /// took in its file's first write: "write"); empty for any other record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub folded: Vec<String>,
 }
