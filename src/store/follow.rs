@@ -302,31 +302,16 @@ fn put_separate_indexes(
     let lo = [PATH_INDEX_TAG];
     dst.retain_in((lo.as_slice(), 0).., |_, _| false)
         .map_err(map_err)?;
-    let none: &[u8] = &[];
-    match src.open_table(HISTORY_PATHS) {
-        Ok(t) => {
-            for item in t.iter().map_err(map_err)? {
-                let (k, _) = item.map_err(map_err)?;
-                let (p, seq) = k.value();
-                let k = path_index_key(p);
-                dst.insert((k.as_slice(), seq), none).map_err(map_err)?;
-            }
+    fn exists<T>(r: Result<T, redb::TableError>) -> Result<Option<T>, StoreError> {
+        match r {
+            Ok(t) => Ok(Some(t)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(map_err(e)),
         }
-        Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(map_err(e)),
     }
-    match src.open_table(HISTORY_TIMES) {
-        Ok(t) => {
-            for item in t.iter().map_err(map_err)? {
-                let (k, _) = item.map_err(map_err)?;
-                let (t, seq) = k.value();
-                let k = time_index_key(t);
-                dst.insert((k.as_slice(), seq), none).map_err(map_err)?;
-            }
-        }
-        Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(map_err(e)),
-    }
+    let paths = exists(src.open_table(HISTORY_PATHS))?;
+    let times = exists(src.open_table(HISTORY_TIMES))?;
+    super::history::put_path_and_time_rows(&mut dst, paths.as_ref(), times.as_ref())?;
     Ok(())
 }
 

@@ -2036,37 +2036,12 @@ impl WriteTxn<'_> {
     /// `history_keys` and deletes those tables (the format-8 migration); how many rows moved.
     /// A table that is missing (a store indexed by this build) moves nothing.
     pub(super) fn merge_history_indexes(&mut self) -> Result<u64, StoreError> {
-        let mut n = 0;
-        {
+        let n = {
             let mut keys = self.tx.open_table(HISTORY_KEYS).map_err(map_err)?;
-            let none: &[u8] = &[];
-            match self.tx.open_table(HISTORY_PATHS) {
-                Ok(t) => {
-                    for item in t.iter().map_err(map_err)? {
-                        let (k, _) = item.map_err(map_err)?;
-                        let (p, seq) = k.value();
-                        let k = path_index_key(p);
-                        keys.insert((k.as_slice(), seq), none).map_err(map_err)?;
-                        n += 1;
-                    }
-                }
-                Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(map_err(e)),
-            }
-            match self.tx.open_table(HISTORY_TIMES) {
-                Ok(t) => {
-                    for item in t.iter().map_err(map_err)? {
-                        let (k, _) = item.map_err(map_err)?;
-                        let (time, seq) = k.value();
-                        let k = time_index_key(time);
-                        keys.insert((k.as_slice(), seq), none).map_err(map_err)?;
-                        n += 1;
-                    }
-                }
-                Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(map_err(e)),
-            }
-        }
+            let paths = self.tx.open_table(HISTORY_PATHS).map_err(map_err)?;
+            let times = self.tx.open_table(HISTORY_TIMES).map_err(map_err)?;
+            put_path_and_time_rows(&mut keys, Some(&*paths), Some(&*times))?
+        };
         self.tx.delete_table(HISTORY_PATHS).map_err(map_err)?;
         self.tx.delete_table(HISTORY_TIMES).map_err(map_err)?;
         Ok(n)
@@ -2141,6 +2116,45 @@ impl WriteTxn<'_> {
         }
         Ok(top)
     }
+}
+
+/// Puts the rows of the separate path and time index tables of format 8 and before
+/// (`paths`, `times`; `None` where a store has none) into `keys`, the key index's table,
+/// where this format keeps them as tagged ranges; how many rows it put.
+pub(super) fn put_path_and_time_rows(
+    keys: &mut redb::Table<'_, (&'static [u8], u64), &'static [u8]>,
+    paths: Option<&impl ReadableTable<(&'static str, u64), ()>>,
+    times: Option<&impl ReadableTable<(i64, u64), ()>>,
+) -> Result<u64, StoreError> {
+    let none: &[u8] = &[];
+    let mut n = 0;
+    for item in paths
+        .map(|t| t.iter())
+        .transpose()
+        .map_err(map_err)?
+        .into_iter()
+        .flatten()
+    {
+        let (k, _) = item.map_err(map_err)?;
+        let (p, seq) = k.value();
+        let k = path_index_key(p);
+        keys.insert((k.as_slice(), seq), none).map_err(map_err)?;
+        n += 1;
+    }
+    for item in times
+        .map(|t| t.iter())
+        .transpose()
+        .map_err(map_err)?
+        .into_iter()
+        .flatten()
+    {
+        let (k, _) = item.map_err(map_err)?;
+        let (time, seq) = k.value();
+        let k = time_index_key(time);
+        keys.insert((k.as_slice(), seq), none).map_err(map_err)?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
