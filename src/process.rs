@@ -127,6 +127,69 @@ fn stat_fields(raw: &[u8]) -> Option<(&[u8], u64)> {
     Some((&raw[open + 1..close], start))
 }
 
+/// Thread `tid`'s stat, read as a thread of process `tgid` (`/proc/TGID/task/TID/stat`):
+/// `None` when `tid` is not a thread of `tgid` now. One read tells both that the thread
+/// belongs to the process and when it started.
+pub fn task_stat(tgid: u32, tid: u32) -> Option<Stat> {
+    if tgid == 0 || tid == 0 {
+        return None;
+    }
+    let mut buf = [0u8; 1024];
+    parse_stat(read_proc(
+        tgid,
+        &format!("task/{tid}/stat"),
+        &mut buf,
+        |r| stat_fields(r).is_some(),
+    )?)
+}
+
+/// Whether a task whose start time is `start` (clock ticks since boot, as `Stat::start`)
+/// surely started before wall-clock time `wall_ns` (ns since the epoch): the task that holds
+/// a tid now is the one that held it then only if it already ran then, since a tid is handed
+/// out again once its thread has exited. The wall time is turned into time since boot
+/// (`CLOCK_BOOTTIME` now minus the wall time elapsed since), the clock /proc counts start
+/// times in. A start time says only which tick the task started in, so it must end a whole
+/// tick before `wall_ns`: a task that started within a tick of it (or of the conversion's
+/// error) is not taken as earlier. False when a clock cannot be read.
+pub fn started_before(start: u64, wall_ns: i64) -> bool {
+    let (Some(real), Some(boot)) = (
+        clock_ns(libc::CLOCK_REALTIME),
+        clock_ns(libc::CLOCK_BOOTTIME),
+    ) else {
+        return false;
+    };
+    let at = i128::from(boot) - (i128::from(real) - i128::from(wall_ns));
+    (i128::from(start) + 2) * i128::from(tick_ns()) <= at
+}
+
+/// Nanoseconds in a clock tick, the unit of start times (`sysconf(_SC_CLK_TCK)`, 100 per
+/// second on Linux).
+fn tick_ns() -> i64 {
+    static TICK: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *TICK.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the system; it takes no pointer.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        if hz > 0 {
+            1_000_000_000 / hz
+        } else {
+            10_000_000
+        }
+    })
+}
+
+/// Clock `clock` now, in ns.
+fn clock_ns(clock: libc::clockid_t) -> Option<i64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call to fill.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(ts.tv_sec * 1_000_000_000 + ts.tv_nsec)
+}
+
 /// The process (thread group) of thread `tid`, from `/proc/TID/status`.
 pub fn thread_group(tid: u32) -> Option<u32> {
     // The Tgid line comes fourth, within the first 100 bytes or so of about 1,500.
@@ -185,6 +248,54 @@ mod tests {
         assert_eq!(reads_on_this_thread() - before, 3);
         assert_eq!(name(0), None);
         assert_eq!(name(u32::MAX), None);
+    }
+
+    fn wall_ns() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_nanos() as i64
+    }
+
+    #[test]
+    fn a_thread_started_after_a_time_is_not_the_one_that_held_its_tid_then() {
+        let before = wall_ns();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            wait.recv().ok();
+        });
+        let tid = rx.recv().unwrap();
+        let me = std::process::id();
+        let s = task_stat(me, tid).expect("the thread's stat, as ours");
+        assert_eq!(Some(s.clone()), stat(tid));
+        // A time before the thread was spawned: it did not hold its tid then.
+        assert!(!started_before(s.start, before));
+        // A time three ticks after it was spawned: it did.
+        std::thread::sleep(std::time::Duration::from_nanos(3 * tick_ns() as u64));
+        let after = wall_ns();
+        assert!(started_before(s.start, after));
+        // Within a tick after the tick it started in is too close to tell; a tick later is not.
+        let tick = tick_ns();
+        let boot_to_wall = |boot: i64| {
+            let real = clock_ns(libc::CLOCK_REALTIME).unwrap();
+            real - (clock_ns(libc::CLOCK_BOOTTIME).unwrap() - boot)
+        };
+        let started = s.start as i64 * tick;
+        assert!(!started_before(
+            s.start,
+            boot_to_wall(started + tick + tick / 2)
+        ));
+        assert!(started_before(
+            s.start,
+            boot_to_wall(started + 2 * tick + tick / 2)
+        ));
+        // Not a thread of another process.
+        assert_eq!(task_stat(1, tid), None);
+        assert_eq!(task_stat(me, 0), None);
+        done.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[test]

@@ -291,6 +291,125 @@ fn a_create_takes_in_its_first_write_and_undoes_it() {
     );
 }
 
+/// A live thread, its tid, and a way to end it.
+struct Thread {
+    tid: u32,
+    done: std::sync::mpsc::Sender<()>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Thread {
+    fn spawn() -> Thread {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let handle = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            wait.recv().ok();
+        });
+        let tid = rx.recv().unwrap();
+        Thread { tid, done, handle }
+    }
+
+    fn caller(&self) -> Caller {
+        Caller {
+            uid: 0,
+            gid: 0,
+            pid: self.tid,
+        }
+    }
+
+    fn end(self) {
+        self.done.send(()).unwrap();
+        self.handle.join().unwrap();
+    }
+}
+
+/// Long enough for a thread's start time (in clock ticks, 10 ms each) to fall a whole tick
+/// before what follows.
+fn a_few_ticks() {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+}
+
+/// The newest record, made by `tid` as far as it says (the case of a tid whose thread
+/// exited and was handed to a thread of another process).
+fn say_made_by(fs: &Fs, tid: u32) {
+    let mut r = records(fs).remove(0);
+    r.pid = tid;
+    let mut w = fs.store().write().unwrap();
+    w.without_history();
+    w.put_record(&r).unwrap();
+    w.commit(Sync::Durable).unwrap();
+}
+
+/// A tid comes back: a record names the thread that made it by tid alone, and a thread of
+/// another process may hold that tid by the time of the next operation. A thread that holds
+/// the record's tid but started after the record was made did not make it: its write does not
+/// fold into the create, nor its rename take in the create and write. The same thread, running
+/// since before the records, folds both.
+#[test]
+fn a_thread_that_started_after_a_record_did_not_make_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = open(&dir.path().join("s.redb"));
+    write(&fs, ME, "mem.md", b"first");
+
+    // Running since before: the create takes in its write, the rename both.
+    let early = Thread::spawn();
+    a_few_ticks();
+    let before = records(&fs).len();
+    write(&fs, early.caller(), ".tmp-a", b"second");
+    assert_eq!(records(&fs)[0].folded, ["write"]);
+    fs.rename(early.caller(), ROOT_INO, b".tmp-a", ROOT_INO, b"mem.md", 0)
+        .unwrap();
+    let all = records(&fs);
+    assert_eq!(all.len(), before + 1);
+    assert_eq!(all[0].folded, ["create", "write"]);
+    early.end();
+
+    // A create said to be made by a tid that a thread started since holds: its write keeps a
+    // record of its own.
+    let (inode, fh) = fs
+        .create(ME, ROOT_INO, b".tmp-b", 0o644, 0, libc::O_WRONLY)
+        .unwrap();
+    a_few_ticks();
+    let late = Thread::spawn();
+    say_made_by(&fs, late.tid);
+    let before = records(&fs).len();
+    fs.write(late.caller(), fh, 0, b"third").unwrap();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    fs.forget(inode.ino, 1);
+    let all = records(&fs);
+    assert_eq!(
+        all.len(),
+        before + 1,
+        "two records: the create and the write"
+    );
+    assert_eq!(
+        (all[0].op.as_str(), all[1].op.as_str()),
+        ("write", "create")
+    );
+    assert!(all[0].folded.is_empty() && all[1].folded.is_empty());
+    late.end();
+
+    // Create and write said to be made by a tid that a thread started since holds: its
+    // rename keeps them apart.
+    write(&fs, ME, ".tmp-c", b"fourth");
+    a_few_ticks();
+    let late = Thread::spawn();
+    say_made_by(&fs, late.tid);
+    let written = last_seq(&fs);
+    let before = records(&fs).len();
+    fs.rename(late.caller(), ROOT_INO, b".tmp-c", ROOT_INO, b"mem.md", 0)
+        .unwrap();
+    let all = records(&fs);
+    assert_eq!(all.len(), before + 1);
+    assert_eq!(all[0].op, "rename");
+    assert!(all[0].folded.is_empty(), "{:?}", all[0].folded);
+    assert_eq!(show(&fs, "/.tmp-c", written), b"fourth");
+    assert_eq!(read(&fs, "mem.md"), b"fourth");
+    late.end();
+}
+
 /// `check` holds a folded record to what folding makes: a rename whose source's creation
 /// it undoes, each key once.
 #[test]

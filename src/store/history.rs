@@ -782,13 +782,58 @@ fn fold_findings(r: &HistoryRecord) -> Vec<String> {
     out
 }
 
-/// Whether threads `a` and `b` belong to one process: a FUSE request names the calling
-/// thread, and a process's create, write and rename may come from different threads of it
-/// (Node's thread pool).
-fn same_process(a: u32, b: u32) -> bool {
-    a == b || {
-        let g = crate::process::thread_group(a);
-        g.is_some() && g == crate::process::thread_group(b)
+/// Whether records were made by the process of thread `caller`, whose operation would fold
+/// them in, as /proc tells now: a FUSE request names the calling thread, and a process's
+/// create, write and rename may come from different threads of it (Node's thread pool).
+///
+/// A tid is handed out again once its thread has exited, so equal tids, or a thread group
+/// read now, say nothing alone: the thread that holds a record's tid now made the record only
+/// if it already ran when the record was made (its start time, `process::started_before`).
+/// The caller's request came after the create it folds into was answered (a write needs the
+/// file, a rename its name), so the thread holding the caller's tid now is the caller when it
+/// too started before the create's record (`since`). Either started later, or /proc cannot
+/// tell: the records stay apart, which costs only a record of its own. With equal tids one
+/// read (`/proc/TID/stat`); otherwise the maker's group and both threads' start times as
+/// threads of it (`/proc/TGID/task/TID/stat`), each read once per fold.
+struct SameProcess {
+    caller: u32,
+    since: i64,
+    /// Per maker tid: its start time and the caller's, as threads of the maker's process.
+    read: Vec<(u32, Option<(u64, u64)>)>,
+}
+
+impl SameProcess {
+    fn new(caller: u32, since: i64) -> SameProcess {
+        SameProcess {
+            caller,
+            since,
+            read: Vec::new(),
+        }
+    }
+
+    /// Whether thread `maker` made its record at wall-clock time `made` in the caller's
+    /// process.
+    fn made(&mut self, maker: u32, made: i64) -> bool {
+        let caller = self.caller;
+        let starts = match self.read.iter().find(|(t, _)| *t == maker) {
+            Some((_, s)) => *s,
+            None => {
+                let s = if maker == caller {
+                    crate::process::stat(maker).map(|s| (s.start, s.start))
+                } else {
+                    crate::process::thread_group(maker).and_then(|g| {
+                        let m = crate::process::task_stat(g, maker)?.start;
+                        Some((m, crate::process::task_stat(g, caller)?.start))
+                    })
+                };
+                self.read.push((maker, s));
+                s
+            }
+        };
+        starts.is_some_and(|(m, c)| {
+            crate::process::started_before(m, made)
+                && (maker == caller || crate::process::started_before(c, self.since))
+        })
     }
 }
 
@@ -1134,8 +1179,8 @@ impl WriteTxn<'_> {
     /// Takes the write described by `info`, whose before-images are `undo`, into the record
     /// of the file's create in place of a record of its own, when that create is the
     /// store's newest record and point, has taken in no write yet (a later edit of the
-    /// file is a version of its own), was made by the writing process (any of its threads)
-    /// within `FOLD_WINDOW_NS` of `now` and within the retention, names the same one path,
+    /// file is a version of its own), was made by the writing process (any of its threads, told
+    /// by `SameProcess`) within `FOLD_WINDOW_NS` of `now` and within the retention, names the same one path,
     /// notes no lost update, has nothing redacted, is held in one value, and no mark names
     /// its point; and every before-image of the write is either of a key the create's
     /// record already restores (its first image wins: the file did not exist, its
@@ -1177,7 +1222,7 @@ impl WriteTxn<'_> {
             && r.undo
                 .iter()
                 .any(|u| matches!(u, Undo::Inode { ino, old: None } if *ino == r.ino));
-        if !fits || self.last_seq()? != r.seq || !same_process(info.pid, r.pid) {
+        if !fits || self.last_seq()? != r.seq {
             return Ok(false);
         }
         // A mark names the point after the create: it would name the file written.
@@ -1203,7 +1248,10 @@ impl WriteTxn<'_> {
         r.size_after = info.size_after;
         r.folded.push("write".to_string());
         let inline = r.encode_inline();
-        if inline.len() > RECORD_INLINE_BYTES {
+        // Last, as the one check that reads /proc.
+        if inline.len() > RECORD_INLINE_BYTES
+            || !SameProcess::new(info.pid, r.time).made(r.pid, r.time)
+        {
             return Ok(false);
         }
         self.put_history_value(r.seq, &inline)?;
@@ -1212,9 +1260,8 @@ impl WriteTxn<'_> {
 
     /// The newest records to fold into the record of this rename (`info`), newest first:
     /// the source's "write" records and, before them, its "create", when all of them are
-    /// the store's newest records, made by the renaming process (any of its threads) within
-    /// `FOLD_WINDOW_NS` of
-    /// `now`, naming only the source's old path, with no lost update noted, nothing
+    /// the store's newest records, made by the renaming process (any of its threads, told
+    /// by `SameProcess`) within `FOLD_WINDOW_NS` of `now`, naming only the source's old path, with no lost update noted, nothing
     /// redacted and no blob kept, and no mark names a point among them. The SDK's edit:
     /// a temporary file created, written, fsynced and renamed over the memory.
     fn foldable(&self, info: &OpInfo, now: i64) -> Result<Option<Fold>, StoreError> {
@@ -1225,14 +1272,8 @@ impl WriteTxn<'_> {
         let hist = self.tx.open_table(HISTORY).map_err(map_err)?;
         let mut fold = Fold::default();
         let mut created = false;
-        // `same_process`, with this process's thread group read once.
-        let group = std::cell::OnceCell::new();
-        let same_process = |pid: u32| {
-            pid == info.pid || {
-                let mine = group.get_or_init(|| crate::process::thread_group(info.pid));
-                mine.is_some() && *mine == crate::process::thread_group(pid)
-            }
-        };
+        // Each record's maker and time, told apart from the caller once all else fits.
+        let mut makers = Vec::new();
         let newest = hist.iter().map_err(map_err)?.rev().take(FOLD_MAX_RECORDS);
         for item in newest {
             let (k, v) = item.map_err(map_err)?;
@@ -1248,11 +1289,11 @@ impl WriteTxn<'_> {
                     || r.op == "create" && r.folded.iter().all(|o| o == "write"))
                 && r.time <= now
                 && now - r.time <= FOLD_WINDOW_NS
-                && matches!(r.op.as_str(), "create" | "write")
-                && same_process(r.pid);
+                && matches!(r.op.as_str(), "create" | "write");
             if !fits {
                 return Ok(None);
             }
+            makers.push((r.pid, r.time));
             fold.seqs.push(r.seq);
             // Newest first, reversed below: a create's own folded writes follow it.
             fold.ops.extend(r.folded.iter().rev().cloned());
@@ -1289,7 +1330,16 @@ impl WriteTxn<'_> {
                 }
             }
         }
-        Ok((made && !blob).then_some(fold))
+        if !made || blob {
+            return Ok(None);
+        }
+        // Last, as the one check that reads /proc. The create is the oldest: the caller's
+        // request came after it was answered.
+        let mut same = SameProcess::new(info.pid, makers.last().map_or(0, |m| m.1));
+        Ok(makers
+            .iter()
+            .all(|&(pid, time)| same.made(pid, time))
+            .then_some(fold))
     }
 
     /// Drops records `seqs` (oldest first) and returns their undo entries followed by
