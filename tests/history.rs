@@ -432,6 +432,48 @@ fn a_durable_create_reads_proc_three_times_and_its_records_name_the_writer() {
     );
 }
 
+/// A tid comes back once its thread exits, and the thread holding it next may be another
+/// process's, writing through a handle of its own: a write through another handle than the
+/// one its tid was told through is told afresh (one read of /proc), while further writes
+/// through the same handle are not.
+#[test]
+fn a_write_through_another_handle_is_told_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+    store.set_keep_history(THIRTY_DAYS).unwrap();
+    let fs = Fs::new(store, Limits::default()).unwrap();
+    let me = Caller {
+        pid: nix::unistd::gettid().as_raw() as u32,
+        ..ME
+    };
+    let reads = redbfs::process::reads_on_this_thread;
+    let (inode, one) = fs
+        .create(me, ROOT_INO, b"a.md", 0o100600, 0, libc::O_WRONLY)
+        .unwrap();
+    let write = OpenMode {
+        write: true,
+        ..OpenMode::default()
+    };
+    let two = fs.open(me, inode.ino, write).unwrap();
+    // The first write is told (and finds the thread's process, cached from then on).
+    let before = reads();
+    fs.write(me, one, 0, b"one").unwrap();
+    assert!(reads() > before);
+    let before = reads();
+    fs.write(me, one, 3, b"one").unwrap();
+    assert_eq!(
+        reads() - before,
+        0,
+        "the same handle's next write is not told"
+    );
+    fs.write(me, two, 6, b"two").unwrap();
+    assert_eq!(reads() - before, 1, "another handle's write is told afresh");
+    fs.write(me, two, 9, b"two").unwrap();
+    assert_eq!(reads() - before, 1);
+    fs.release(one).unwrap();
+    fs.release(two).unwrap();
+}
+
 /// Each commit skips its look for expired records while its cutoff has not passed the
 /// oldest record's time, which an earlier look remembered; once retention is shortened and
 /// that time passes, the next commit drops what has expired and nothing newer.

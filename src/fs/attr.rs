@@ -167,7 +167,7 @@ impl Fs {
             let f = self.acquire(ino)?;
             let res = {
                 let mut g = lock(&f.content);
-                self.note_writer(&mut g, caller);
+                self.note_writer(&mut g, caller, a.fh);
                 let r = self
                     .reserve(&mut g, size)
                     .and_then(|()| g.truncate(&self.store, size, now))

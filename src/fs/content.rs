@@ -73,6 +73,8 @@ pub struct OpenFile {
     /// The name of the last writer's thread, from the same read of /proc that told
     /// `writer`, for the history record (`None`: the commit reads it).
     pub writer_name: Option<String>,
+    /// The handle the last writer was told through (`None`: not through a handle).
+    pub writer_fh: Option<u64>,
     /// Bytes of `--quota` this file holds for its buffered growth (see `Fs::reserve`).
     pub reserved: u64,
     /// The same growth held against each directory quota above the file: (directory, bytes).
@@ -93,6 +95,7 @@ impl OpenFile {
             last_writer: super::Caller::default(),
             writer: None,
             writer_name: None,
+            writer_fh: None,
             reserved: 0,
             dir_reserved: Vec::new(),
             spilled: None,

@@ -234,10 +234,12 @@ impl Fs {
                 self.tracker.read(caller.pid, ino, i.parent, &i.name);
             }
         }
+        // The handle's number first: a truncation is this handle's first change.
+        let fh = self.new_fh();
         // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
         if mode.truncate {
             let mut g = lock(&f.content);
-            self.note_writer(&mut g, caller);
+            self.note_writer(&mut g, caller, Some(fh));
             if g.size != 0
                 && let Err(e) = g
                     .truncate(&self.store, 0, now_ns())
@@ -248,7 +250,6 @@ impl Fs {
                 return Err(e);
             }
         }
-        let fh = self.new_fh();
         lock(&self.handles).insert(
             fh,
             Handle {
@@ -321,15 +322,28 @@ impl Fs {
         }
     }
 
-    /// `caller` changes `g`'s content: its commit is attributed to it, and to its process,
-    /// told now, while the caller waits for this request (it may exit before the commit). The
-    /// same read of /proc gives the name the commit's history record takes, so a commit
-    /// after a write reads /proc no more.
-    pub(super) fn note_writer(&self, g: &mut OpenFile, caller: Caller) {
-        if g.last_writer.pid != caller.pid || g.writer.is_none() {
+    /// `caller` changes `g`'s content through handle `fh` (`None`: by path): its commit is
+    /// attributed to it, and to its process, told now, while the caller waits for this
+    /// request (it may exit before the commit). The same read of /proc gives the name the
+    /// commit's history record takes, so a commit after a write reads /proc no more.
+    ///
+    /// A later write by the same tid through the same handle is taken as the same process
+    /// without asking again, as every write would otherwise read /proc. A tid comes back once
+    /// its thread exits, and the thread that holds it next may be another process's: that
+    /// process writes through a handle of its own (its open told afresh here), so a write
+    /// through another handle, or none, is told afresh. What is left is a thread of another
+    /// process holding the tid and sharing the very handle (inherited or passed), after the
+    /// whole tid space came round while the file stayed open with nothing told between.
+    pub(super) fn note_writer(&self, g: &mut OpenFile, caller: Caller, fh: Option<u64>) {
+        if g.last_writer.pid != caller.pid
+            || g.writer.is_none()
+            || fh.is_none()
+            || g.writer_fh != fh
+        {
             let told = self.tracker.identify_named(caller.pid);
             g.writer = told.as_ref().map(|t| t.0);
             g.writer_name = told.map(|t| t.1);
+            g.writer_fh = fh;
         }
         g.last_writer = caller;
     }
@@ -431,7 +445,7 @@ impl Fs {
         if end > g.size {
             self.reserve(&mut g, end)?;
         }
-        self.note_writer(&mut g, caller);
+        self.note_writer(&mut g, caller, Some(fh));
         g.write(&self.store, offset, data, now_ns())?;
         self.account(&mut g)?;
         Ok(data.len() as u32)
