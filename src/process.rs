@@ -89,6 +89,16 @@ pub fn stat(pid: u32) -> Option<Stat> {
     })?)
 }
 
+/// Task `tid`'s start time alone (as `stat` gives it), with no copy of its name.
+pub fn start(tid: u32) -> Option<u64> {
+    if tid == 0 {
+        return None;
+    }
+    let mut buf = [0u8; 1024];
+    let raw = read_proc(tid, "stat", &mut buf, |r| stat_fields(r).is_some())?;
+    stat_fields(raw).map(|(_, start)| start)
+}
+
 /// Task `pid`'s name (`comm`, as `stat` gives it), from `/proc/PID/comm`: a smaller read for
 /// the kernel than the whole stat line. `None` when there is no such task.
 pub fn name(pid: u32) -> Option<String> {
@@ -270,6 +280,7 @@ mod tests {
         let me = std::process::id();
         let s = task_stat(me, tid).expect("the thread's stat, as ours");
         assert_eq!(Some(s.clone()), stat(tid));
+        assert_eq!(Some(s.start), start(tid));
         // A time before the thread was spawned: it did not hold its tid then.
         assert!(!started_before(s.start, before));
         // A time three ticks after it was spawned: it did.

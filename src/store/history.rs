@@ -819,7 +819,7 @@ impl SameProcess {
             Some((_, s)) => *s,
             None => {
                 let s = if maker == caller {
-                    crate::process::stat(maker).map(|s| (s.start, s.start))
+                    crate::process::start(maker).map(|s| (s, s))
                 } else {
                     crate::process::thread_group(maker).and_then(|g| {
                         let m = crate::process::task_stat(g, maker)?.start;
