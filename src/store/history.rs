@@ -1179,15 +1179,15 @@ impl WriteTxn<'_> {
     /// Takes the write described by `info`, whose before-images are `undo`, into the record
     /// of the file's create in place of a record of its own, when that create is the
     /// store's newest record and point, has taken in no write yet (a later edit of the
-    /// file is a version of its own), was made by the writing process (any of its threads, told
-    /// by `SameProcess`) within `FOLD_WINDOW_NS` of `now` and within the retention, names the same one path,
-    /// notes no lost update, has nothing redacted, is held in one value, and no mark names
-    /// its point; and every before-image of the write is either of a key the create's
-    /// record already restores (its first image wins: the file did not exist, its
-    /// directories were as before) or of a chunk of the new file that held nothing before.
-    /// The create's record keeps its seq and time, so its index entries stay as they are:
-    /// only its size after, its entries for the new chunks and its `folded` note ("write")
-    /// change. Whether it did. The SDK's create: a file made with `O_EXCL`, written,
+    /// file is a version of its own), was made by the writing process (any of its threads,
+    /// told by `SameProcess`) within `FOLD_WINDOW_NS` of `now` and within the retention,
+    /// names the same one path, notes no lost update, has nothing redacted, is held in one
+    /// value, and no mark names its point; and every before-image of the write is either of
+    /// a key the create's record already restores (its first image wins: the file did not
+    /// exist, its directories were as before) or of a chunk of the new file that held
+    /// nothing before. The create's record keeps its seq and time, so its index entries stay
+    /// as they are: only its size after, its entries for the new chunks and its `folded`
+    /// note ("write") change. Whether it did. The SDK's create: a file made with `O_EXCL`, written,
     /// fsynced and closed, one record.
     fn fold_into_create(
         &mut self,
@@ -1261,8 +1261,9 @@ impl WriteTxn<'_> {
     /// The newest records to fold into the record of this rename (`info`), newest first:
     /// the source's "write" records and, before them, its "create", when all of them are
     /// the store's newest records, made by the renaming process (any of its threads, told
-    /// by `SameProcess`) within `FOLD_WINDOW_NS` of `now`, naming only the source's old path, with no lost update noted, nothing
-    /// redacted and no blob kept, and no mark names a point among them. The SDK's edit:
+    /// by `SameProcess`) within `FOLD_WINDOW_NS` of `now`, naming only the source's old
+    /// path, with no lost update noted, nothing redacted and no blob kept, and no mark names
+    /// a point among them. The SDK's edit:
     /// a temporary file created, written, fsynced and renamed over the memory.
     fn foldable(&self, info: &OpInfo, now: i64) -> Result<Option<Fold>, StoreError> {
         if info.op != "rename" || info.conflict.is_some() || info.paths.len() != 2 {
