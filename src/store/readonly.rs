@@ -251,9 +251,10 @@ pub fn check_integrity_then_read_within(
 ) -> Result<IntegrityChecked, StoreError> {
     let file = crate::private::open_read(path)
         .map_err(|e| StoreError::Io(crate::private::describe(path, e)))?;
-    let overlay = Overlay::new(file).map_err(map_err)?;
+    let cache = check_cache_bytes(path).min(cache_max as usize);
+    let overlay = Overlay::new(file, cache as u64).map_err(map_err)?;
     let mut builder = redb::Database::builder();
-    builder.set_cache_size(check_cache_bytes(path).min(cache_max as usize));
+    builder.set_cache_size(cache);
     let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
     let clean = db.check_integrity().map_err(map_err)?;
     Ok(IntegrityChecked { db, clean })
@@ -264,8 +265,16 @@ pub fn check_integrity_then_read_within(
 #[derive(Debug)]
 struct Overlay {
     file: std::fs::File,
+    /// The whole file, read in one call, when it is no larger than `WHOLE_MAX` and the
+    /// cache: redb's check reads every page (most of them twice, its cache emptied in
+    /// between), one call each; a small store's check spent more in those calls than in
+    /// the pages.
+    whole: Option<Vec<u8>>,
     state: std::sync::Mutex<OverlayState>,
 }
+
+/// The largest file `Overlay` reads whole (see `Overlay::whole`).
+const WHOLE_MAX: u64 = 8 * 1024 * 1024;
 
 #[derive(Debug)]
 struct OverlayState {
@@ -279,10 +288,21 @@ struct OverlayState {
 const OVERLAY_BLOCK: u64 = 4096;
 
 impl Overlay {
-    fn new(file: std::fs::File) -> std::io::Result<Overlay> {
+    /// An overlay of `file`, read whole when it is no larger than `whole_max` (and
+    /// `WHOLE_MAX`).
+    fn new(file: std::fs::File, whole_max: u64) -> std::io::Result<Overlay> {
+        use std::os::unix::fs::FileExt;
         let len = file.metadata()?.len();
+        let whole = if len <= whole_max.min(WHOLE_MAX) {
+            let mut b = vec![0u8; len as usize];
+            file.read_exact_at(&mut b, 0)?;
+            Some(b)
+        } else {
+            None
+        };
         Ok(Overlay {
             file,
+            whole,
             state: std::sync::Mutex::new(OverlayState {
                 len,
                 file_len: len,
@@ -299,7 +319,14 @@ impl Overlay {
     fn read_file(&self, file_len: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let from_file = file_len.saturating_sub(offset).min(out.len() as u64) as usize;
-        self.file.read_exact_at(&mut out[..from_file], offset)?;
+        if from_file > 0 {
+            match &self.whole {
+                // `from_file` > 0: `offset` lies within the file, which `b` holds whole.
+                Some(b) => out[..from_file]
+                    .copy_from_slice(&b[offset as usize..offset as usize + from_file]),
+                None => self.file.read_exact_at(&mut out[..from_file], offset)?,
+            }
+        }
         out[from_file..].fill(0);
         Ok(())
     }
