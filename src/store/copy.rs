@@ -280,6 +280,21 @@ impl SyncedOnce {
     }
 }
 
+/// Sets `image`'s length to `len`, new bytes zero, copied from a block of zeros (its
+/// capacity grown by doubling): `Vec::resize` wrote them one byte at a time.
+fn resize_zeroed(image: &mut Vec<u8>, len: usize) {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    if len <= image.len() {
+        image.truncate(len);
+        return;
+    }
+    image.reserve(len - image.len());
+    while image.len() < len {
+        let n = (len - image.len()).min(ZEROS.len());
+        image.extend_from_slice(&ZEROS[..n]);
+    }
+}
+
 impl redb::StorageBackend for SyncedOnce {
     fn len(&self) -> Result<u64, std::io::Error> {
         match &*self.image() {
@@ -307,7 +322,7 @@ impl redb::StorageBackend for SyncedOnce {
         let mut held = self.image();
         match &mut *held {
             Some(image) if len <= IMAGE_MAX => {
-                image.resize(len as usize, 0);
+                resize_zeroed(image, len as usize);
                 Ok(())
             }
             Some(_) => {
@@ -329,7 +344,7 @@ impl redb::StorageBackend for SyncedOnce {
             Some(image) if end <= IMAGE_MAX => {
                 let (from, end) = (offset as usize, end as usize);
                 if image.len() < end {
-                    image.resize(end, 0);
+                    resize_zeroed(image, end);
                 }
                 image[from..end].copy_from_slice(data);
                 Ok(())

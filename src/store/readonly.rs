@@ -489,3 +489,42 @@ mod overlay_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::StorageBackend;
+
+    /// An overlay reads the same bytes whether it holds the file whole or reads it page by
+    /// page, within the file, past its end and across blocks written in memory, and never
+    /// writes to the file.
+    #[test]
+    fn an_overlay_read_whole_reads_as_one_read_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let overlays = [u64::MAX, 0]
+            .map(|whole_max| Overlay::new(std::fs::File::open(&path).unwrap(), whole_max).unwrap());
+        assert!(overlays[0].whole.is_some() && overlays[1].whole.is_none());
+        for o in &overlays {
+            o.set_len(20_000).unwrap();
+            // A block past the file's end, written in memory, then one straddling its end.
+            o.write(16_384, &[7; 100]).unwrap();
+            o.write(8_000, &[9; 3_000]).unwrap();
+            o.set_len(15_000).unwrap();
+            o.set_len(20_000).unwrap();
+        }
+        let read = |o: &Overlay| {
+            let mut out = vec![1u8; 20_000];
+            o.read(0, &mut out).unwrap();
+            out
+        };
+        let (a, b) = (read(&overlays[0]), read(&overlays[1]));
+        assert_eq!(a, b);
+        assert_eq!(a[..8_000], bytes[..8_000]);
+        assert!(a[8_000..11_000].iter().all(|&x| x == 9));
+        assert!(a[11_000..].iter().all(|&x| x == 0));
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
+}
