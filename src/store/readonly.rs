@@ -251,10 +251,9 @@ pub fn check_integrity_then_read_within(
 ) -> Result<IntegrityChecked, StoreError> {
     let file = crate::private::open_read(path)
         .map_err(|e| StoreError::Io(crate::private::describe(path, e)))?;
-    let cache = check_cache_bytes(path).min(cache_max as usize);
-    let overlay = Overlay::new(file, cache as u64).map_err(map_err)?;
+    let overlay = Overlay::new(file).map_err(map_err)?;
     let mut builder = redb::Database::builder();
-    builder.set_cache_size(cache);
+    builder.set_cache_size(check_cache_bytes(path).min(cache_max as usize));
     let mut db = builder.create_with_backend(overlay).map_err(map_err)?;
     let clean = db.check_integrity().map_err(map_err)?;
     Ok(IntegrityChecked { db, clean })
@@ -265,16 +264,8 @@ pub fn check_integrity_then_read_within(
 #[derive(Debug)]
 struct Overlay {
     file: std::fs::File,
-    /// The whole file, read in one call, when it is no larger than `WHOLE_MAX` and the
-    /// cache: redb's check reads every page (most of them twice, its cache emptied in
-    /// between), one call each; a small store's check spent more in those calls than in
-    /// the pages.
-    whole: Option<Vec<u8>>,
     state: std::sync::Mutex<OverlayState>,
 }
-
-/// The largest file `Overlay` reads whole (see `Overlay::whole`).
-const WHOLE_MAX: u64 = 8 * 1024 * 1024;
 
 #[derive(Debug)]
 struct OverlayState {
@@ -288,21 +279,10 @@ struct OverlayState {
 const OVERLAY_BLOCK: u64 = 4096;
 
 impl Overlay {
-    /// An overlay of `file`, read whole when it is no larger than `whole_max` (and
-    /// `WHOLE_MAX`).
-    fn new(file: std::fs::File, whole_max: u64) -> std::io::Result<Overlay> {
-        use std::os::unix::fs::FileExt;
+    fn new(file: std::fs::File) -> std::io::Result<Overlay> {
         let len = file.metadata()?.len();
-        let whole = if len <= whole_max.min(WHOLE_MAX) {
-            let mut b = vec![0u8; len as usize];
-            file.read_exact_at(&mut b, 0)?;
-            Some(b)
-        } else {
-            None
-        };
         Ok(Overlay {
             file,
-            whole,
             state: std::sync::Mutex::new(OverlayState {
                 len,
                 file_len: len,
@@ -319,14 +299,7 @@ impl Overlay {
     fn read_file(&self, file_len: u64, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let from_file = file_len.saturating_sub(offset).min(out.len() as u64) as usize;
-        if from_file > 0 {
-            match &self.whole {
-                // `from_file` > 0: `offset` lies within the file, which `b` holds whole.
-                Some(b) => out[..from_file]
-                    .copy_from_slice(&b[offset as usize..offset as usize + from_file]),
-                None => self.file.read_exact_at(&mut out[..from_file], offset)?,
-            }
-        }
+        self.file.read_exact_at(&mut out[..from_file], offset)?;
         out[from_file..].fill(0);
         Ok(())
     }
@@ -487,44 +460,5 @@ mod overlay_tests {
             bad,
             "still not a byte written"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use redb::StorageBackend;
-
-    /// An overlay reads the same bytes whether it holds the file whole or reads it page by
-    /// page, within the file, past its end and across blocks written in memory, and never
-    /// writes to the file.
-    #[test]
-    fn an_overlay_read_whole_reads_as_one_read_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let overlays = [u64::MAX, 0]
-            .map(|whole_max| Overlay::new(std::fs::File::open(&path).unwrap(), whole_max).unwrap());
-        assert!(overlays[0].whole.is_some() && overlays[1].whole.is_none());
-        for o in &overlays {
-            o.set_len(20_000).unwrap();
-            // A block past the file's end, written in memory, then one straddling its end.
-            o.write(16_384, &[7; 100]).unwrap();
-            o.write(8_000, &[9; 3_000]).unwrap();
-            o.set_len(15_000).unwrap();
-            o.set_len(20_000).unwrap();
-        }
-        let read = |o: &Overlay| {
-            let mut out = vec![1u8; 20_000];
-            o.read(0, &mut out).unwrap();
-            out
-        };
-        let (a, b) = (read(&overlays[0]), read(&overlays[1]));
-        assert_eq!(a, b);
-        assert_eq!(a[..8_000], bytes[..8_000]);
-        assert!(a[8_000..11_000].iter().all(|&x| x == 9));
-        assert!(a[11_000..].iter().all(|&x| x == 0));
-        assert_eq!(std::fs::read(&path).unwrap(), bytes);
     }
 }
