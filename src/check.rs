@@ -46,11 +46,16 @@ impl InodeIndex {
     }
 }
 
+/// The longest name `place_of` takes its CRC of in one call.
+const PLACE_NAME_BYTES: usize = 56;
+
 /// Where an entry or a record puts an inode, as a CRC-32C: a record and an entry that
 /// disagree by a few bytes always differ, others differ but for one chance in 2^32.
 fn place_of(parent: u64, name: &str) -> u32 {
-    // One CRC call over the parent and the name side by side (a name within the limit fits).
-    let mut buf = [0u8; 8 + crate::fs::name::MAX_NAME_BYTES];
+    // One CRC call over the parent and the name side by side, for a name of up to
+    // `PLACE_NAME_BYTES` (most are): a buffer for the longest name cost a memset per call
+    // larger than the CRC.
+    let mut buf = [0u8; 8 + PLACE_NAME_BYTES];
     match buf.get_mut(8..8 + name.len()) {
         Some(at) => {
             at.copy_from_slice(name.as_bytes());
@@ -827,10 +832,18 @@ mod tests {
     use super::*;
 
     /// `place_of` is the CRC-32C of the parent's 8 bytes then the name, taken in one call for
-    /// a name within the limit and in two for a longer one (a damaged record's).
+    /// a short name and in two for a longer one.
     #[test]
     fn a_place_is_one_crc_of_parent_and_name() {
-        for name in ["", "a", "notes.md", &"n".repeat(255), &"l".repeat(700)] {
+        for name in [
+            "",
+            "a",
+            "notes.md",
+            &"s".repeat(PLACE_NAME_BYTES),
+            &"t".repeat(PLACE_NAME_BYTES + 1),
+            &"n".repeat(255),
+            &"l".repeat(700),
+        ] {
             let parent = 0x0102_0304_0506_0708u64;
             let apart =
                 crc32c::crc32c_append(crc32c::crc32c(&parent.to_le_bytes()), name.as_bytes());

@@ -241,20 +241,96 @@ impl<T: redb::Key + 'static> redb::Key for Raw<T> {
 /// between its creation and its close (headers, the commit, the clean shutdown), each a
 /// disk flush of its own; `copy_to` syncs the finished file once instead. Nothing sees the
 /// file before then: it has a temporary name until the caller renames it into place.
+///
+/// A copy of up to `IMAGE_MAX` bytes is written in memory and to the file in one call when
+/// the database closes: redb writes each page of each commit with a call of its own (a
+/// hundred calls for a store of 2,000 files, each longer in the kernel than the copy of
+/// its page). A copy that grows past it is written out then, and from then on page by page.
 #[derive(Debug)]
-struct SyncedOnce(redb::backends::FileBackend);
+struct SyncedOnce {
+    file: redb::backends::FileBackend,
+    /// The file's bytes, while it is held in memory.
+    image: std::sync::Mutex<Option<Vec<u8>>>,
+}
+
+/// The largest copy `SyncedOnce` holds in memory: the copy's cache, so that a small
+/// snapshot adds no more than that again to a daemon's memory.
+const IMAGE_MAX: u64 = COPY_CACHE_BYTES as u64;
+
+impl SyncedOnce {
+    fn new(file: redb::backends::FileBackend) -> SyncedOnce {
+        SyncedOnce {
+            file,
+            image: std::sync::Mutex::new(Some(Vec::new())),
+        }
+    }
+
+    fn image(&self) -> std::sync::MutexGuard<'_, Option<Vec<u8>>> {
+        self.image.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the image held in `held` to the file, which from then on is written directly.
+    fn write_out(&self, held: &mut Option<Vec<u8>>) -> Result<(), std::io::Error> {
+        use redb::StorageBackend;
+        if let Some(image) = held.take() {
+            self.file.set_len(image.len() as u64)?;
+            self.file.write(0, &image)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sets `image`'s length to `len`, new bytes zero, copied from a block of zeros (its
+/// capacity grown by doubling): `Vec::resize` wrote them one byte at a time.
+fn resize_zeroed(image: &mut Vec<u8>, len: usize) {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    if len <= image.len() {
+        image.truncate(len);
+        return;
+    }
+    image.reserve(len - image.len());
+    while image.len() < len {
+        let n = (len - image.len()).min(ZEROS.len());
+        image.extend_from_slice(&ZEROS[..n]);
+    }
+}
 
 impl redb::StorageBackend for SyncedOnce {
     fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
+        match &*self.image() {
+            Some(image) => Ok(image.len() as u64),
+            None => self.file.len(),
+        }
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
+        match &*self.image() {
+            Some(image) => {
+                let from = usize::try_from(offset).unwrap_or(usize::MAX);
+                let bytes = from
+                    .checked_add(out.len())
+                    .and_then(|end| image.get(from..end))
+                    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+                out.copy_from_slice(bytes);
+                Ok(())
+            }
+            None => self.file.read(offset, out),
+        }
     }
 
     fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
+        let mut held = self.image();
+        match &mut *held {
+            Some(image) if len <= IMAGE_MAX => {
+                resize_zeroed(image, len as usize);
+                Ok(())
+            }
+            Some(_) => {
+                self.write_out(&mut held)?;
+                self.file.set_len(len)
+            }
+            None => self.file.set_len(len),
+        }
     }
 
     fn sync_data(&self) -> Result<(), std::io::Error> {
@@ -262,11 +338,29 @@ impl redb::StorageBackend for SyncedOnce {
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
+        let mut held = self.image();
+        let end = offset.saturating_add(data.len() as u64);
+        match &mut *held {
+            Some(image) if end <= IMAGE_MAX => {
+                let (from, end) = (offset as usize, end as usize);
+                if image.len() < end {
+                    resize_zeroed(image, end);
+                }
+                image[from..end].copy_from_slice(data);
+                Ok(())
+            }
+            Some(_) => {
+                self.write_out(&mut held)?;
+                self.file.write(offset, data)
+            }
+            None => self.file.write(offset, data),
+        }
     }
 
     fn close(&self) -> Result<(), std::io::Error> {
-        self.0.close()
+        let written = self.write_out(&mut self.image());
+        let closed = self.file.close();
+        written.and(closed)
     }
 }
 
@@ -620,7 +714,7 @@ impl ReadTxn {
         let synced = file
             .try_clone()
             .map_err(|e| StoreError::Io(crate::private::describe(out, e)))?;
-        let backend = SyncedOnce(redb::backends::FileBackend::new(file).map_err(map_err)?);
+        let backend = SyncedOnce::new(redb::backends::FileBackend::new(file).map_err(map_err)?);
         // The copy's pages are written once, so a small cache serves: it bounds what a
         // snapshot adds to the daemon's memory (redb's default, 1 GiB, let the RSS grow by
         // the whole store during one; the store's own 32 MiB still added as much again).
@@ -677,11 +771,19 @@ impl ReadTxn {
             (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
         };
         stats.tables = tables;
-        tx.set_durability(redb::Durability::Immediate)
+        // The last part is committed like the others; closing the database then makes it
+        // durable in the commit that records the allocator state (which every close writes,
+        // so that the next opening needs no repair): one durable commit where a durable
+        // last part and the close's made two. A close that fails is the copy's failure.
+        tx.set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
-        drop(db);
-        return_freed_memory();
+        db.close().map_err(map_err)?;
+        // A copy smaller than `RETURN_MEMORY_EVERY` leaves less than that freed, which the
+        // next one reuses: handing it back would only have it faulted in again.
+        if stats.bytes >= RETURN_MEMORY_EVERY {
+            return_freed_memory();
+        }
         Ok((stats, synced))
     }
 }

@@ -63,6 +63,16 @@ fn after_integrity<T>(
         }
         return check(&s.read().map_err(err)?);
     }
+    checked_in_place(path, cache_max, check)
+}
+
+/// `after_integrity` of a store file read in place (not a private copy).
+fn checked_in_place<T>(
+    path: &Path,
+    cache_max: Option<u64>,
+    check: impl FnOnce(&ReadTxn) -> Result<T>,
+) -> Result<T> {
+    let repaired = || format!("{}: redb had to repair the file", path.display());
     let checked = match cache_max {
         Some(max) => crate::store::check_integrity_then_read_within(path, max),
         None => crate::store::check_integrity_then_read(path),
@@ -88,8 +98,10 @@ fn verify_copy_here(path: &Path, tables: &[TableDigest], cache_max: Option<u64>)
     if tables.is_empty() {
         return verify(path);
     }
-    let mut s = crate::store::ReadOnlyStore::open(path).map_err(err)?;
-    after_integrity(&mut s, path, cache_max, |r| {
+    // One opening: a byte copy this process just wrote under a private name needs no
+    // read-only opening beside the check's to keep a daemon out or to find it must be
+    // recovered or migrated (a copy redb would have to repair is refused as such).
+    checked_in_place(path, cache_max, |r| {
         // The invariants' scans of the tables they read whole sum those tables up as they
         // read them: the sums below read only the other tables. The sums are compared
         // first, whatever the invariants found.
@@ -134,7 +146,7 @@ pub fn verify_copy_args(path: &Path, tables: &[String]) -> Result<()> {
 /// The check of a byte copy as a daemon runs it in its own process (`verify_copy_here`,
 /// its cache capped at `COPY_CHECK_CACHE_MAX`): whatever the copy holds, a failure of the
 /// check (a panic included) is an error, never a pass and never the daemon's end; the heap's
-/// freed pages go back to the system when it is done.
+/// freed pages go back to the system when it is done, but for a copy within the cache's cap.
 pub fn verify_copy_capped(path: &Path, tables: &[TableDigest]) -> Result<()> {
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         verify_copy_here(path, tables, Some(COPY_CHECK_CACHE_MAX))
@@ -143,7 +155,13 @@ pub fn verify_copy_capped(path: &Path, tables: &[TableDigest]) -> Result<()> {
         tracing::error!(path = %path.display(), "the check of a copy panicked; the copy is refused");
         Err(format!("{}: the check of the copy failed", path.display()))
     });
-    crate::store::return_freed_memory();
+    // A copy within the cache's cap left at most about twice its size freed (the cache, the
+    // file read whole), which the next check reuses: handing that back would only have it
+    // faulted in again.
+    let small = std::fs::metadata(path).is_ok_and(|m| m.len() <= COPY_CHECK_CACHE_MAX);
+    if !small {
+        crate::store::return_freed_memory();
+    }
     checked
 }
 
