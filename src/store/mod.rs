@@ -15,7 +15,8 @@
 //! queries; `past` reads the tree as it was at a point of history through those indexes;
 //! `subtree` keeps what every directory carries (the counts below it, bounds of its paths, its
 //! quota) along its parents in each commit; `commit` is the
-//! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
+//! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `batch`
+//! lets operations of several threads share one redb transaction and commit; `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
 //! `wal` and `redo` are the log's file and records, `disk` and `sim` the disk under them,
