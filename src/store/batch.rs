@@ -1,4 +1,4 @@
-//! Several operations in one redb write transaction: a joined write (`Store::write_joined`)
+//! Several operations in one redb write transaction: a joined write (`Store::write_joined_by`)
 //! that finds other joined writes queued behind it when it commits leaves its redb
 //! transaction open for the next of them, and the last one commits redb once for all.
 //!
