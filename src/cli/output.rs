@@ -187,6 +187,12 @@ pub(super) fn status(v: &Value, f: Format) {
                 v["commit_stats"]["log_syncs"]
             );
         }
+        if let Some(commits) = v["commit_stats"]["commits"].as_u64() {
+            outln!(
+                "batches:    {} redb commits for {commits} commits since mount",
+                v["commit_stats"]["redb_commits"]
+            );
+        }
         outln!(
             "conflicts:  {} since mount (--lost-updates {})",
             v["conflicts"],

@@ -198,36 +198,38 @@ impl Fs {
             // write's times over these ones in between.
             let open = lock(&self.files).get(&ino).cloned();
             let mut content = open.as_ref().map(|f| lock(&f.content));
-            let mut w = self.store.write_by(caller.pid)?;
-            let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
-            if let Some(m) = a.mode {
-                inode.perm = m & 0o7777;
-            }
-            if let Some(u) = a.uid {
-                inode.uid = u;
-            }
-            if let Some(g) = a.gid {
-                inode.gid = g;
-            }
-            if let Some(t) = a.atime {
-                inode.atime = resolve(t);
-            }
-            if let Some(t) = a.mtime {
-                inode.mtime = resolve(t);
-            }
-            inode.ctime = now;
-            w.put_inode(&inode)?;
-            let size = inode.size;
-            self.describe(
-                &mut w,
-                caller,
-                "setattr",
-                ino,
-                |w| vec![self.ino_path_in(w, ino)],
-                size,
-                size,
-            );
-            self.commit(w, Sync::Durable)?;
+            self.joinable(|join| {
+                let mut w = self.write_for(join, caller.pid, None)?;
+                let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
+                if let Some(m) = a.mode {
+                    inode.perm = m & 0o7777;
+                }
+                if let Some(u) = a.uid {
+                    inode.uid = u;
+                }
+                if let Some(g) = a.gid {
+                    inode.gid = g;
+                }
+                if let Some(t) = a.atime {
+                    inode.atime = resolve(t);
+                }
+                if let Some(t) = a.mtime {
+                    inode.mtime = resolve(t);
+                }
+                inode.ctime = now;
+                w.put_inode(&inode)?;
+                let size = inode.size;
+                self.describe(
+                    &mut w,
+                    caller,
+                    "setattr",
+                    ino,
+                    |w| vec![self.ino_path_in(w, ino)],
+                    size,
+                    size,
+                );
+                self.commit(w, Sync::Durable)
+            })?;
             // Buffered writes commit their times later; these are newer.
             if let Some(g) = content.as_mut() {
                 if let Some(t) = a.mtime

@@ -129,31 +129,33 @@ impl Fs {
     ) -> Result<(Inode, u64)> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write_by(caller.pid)?;
-        let mut p = Self::parent_dir(&w, parent)?;
-        let inode = self.new_inode(&mut w, caller, &mut p, &name, kind, perm)?;
-        let op = match kind {
-            Kind::Dir => "mkdir",
-            Kind::File => "create",
-        };
-        self.describe(
-            &mut w,
-            caller,
-            op,
-            inode.ino,
-            |w| vec![self.path_in(w, parent, name.as_str())],
-            0,
-            0,
-        );
-        // The reply names the inode: counted before anyone else can see it.
-        self.lifetimes.pin_new(inode.ino);
-        match self.commit_numbered(w, sync) {
-            Ok(seq) => Ok((inode, seq)),
-            Err(e) => {
-                self.lifetimes.forget(inode.ino, 1);
-                Err(e)
+        self.joinable(|join| {
+            let mut w = self.write_for(join, caller.pid, None)?;
+            let mut p = Self::parent_dir(&w, parent)?;
+            let inode = self.new_inode(&mut w, caller, &mut p, &name, kind, perm)?;
+            let op = match kind {
+                Kind::Dir => "mkdir",
+                Kind::File => "create",
+            };
+            self.describe(
+                &mut w,
+                caller,
+                op,
+                inode.ino,
+                |w| vec![self.path_in(w, parent, name.as_str())],
+                0,
+                0,
+            );
+            // The reply names the inode: counted before anyone else can see it.
+            self.lifetimes.pin_new(inode.ino);
+            match self.commit_numbered(w, sync) {
+                Ok(seq) => Ok((inode, seq)),
+                Err(e) => {
+                    self.lifetimes.forget(inode.ino, 1);
+                    Err(e)
+                }
             }
-        }
+        })
     }
 
     /// Creates and opens a regular file.

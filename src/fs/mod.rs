@@ -299,6 +299,10 @@ pub const RECLAIM_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 /// glibc keeps otherwise (three 64 MiB writes left the daemon at 170 MB resident).
 const RETURN_MEMORY_AFTER: usize = 4 << 20;
 
+/// Whether an operation's write may join other threads' (see `Fs::joinable`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Join(bool);
+
 impl Fs {
     /// Wraps an open store, reclaiming the orphans a crash left behind. Over a store opened
     /// read-only (a read-only mount) every change is refused with EROFS and nothing is
@@ -388,6 +392,40 @@ impl Fs {
         self.commit_numbered(w, sync).map(drop)
     }
 
+    /// Runs `op`, whose write (`Fs::write_for`) may share a redb transaction and commit with
+    /// other threads' operations, and runs it once more from the beginning with a write of
+    /// its own when its batch was abandoned: its commit answered `StoreError::Retry` (another
+    /// operation of the batch failed), or it failed itself after earlier operations of the
+    /// batch (what it saw of theirs was never committed). Nothing of the first run was
+    /// committed, and every call site undoes its own bookkeeping on any error, as it must
+    /// for any failed commit.
+    pub(super) fn joinable<T>(&self, mut op: impl FnMut(Join) -> Result<T>) -> Result<T> {
+        Store::take_abandoned();
+        match op(Join(true)) {
+            Err(Error::Store(StoreError::Retry)) => op(Join(false)),
+            r if Store::take_abandoned() => {
+                drop(r);
+                op(Join(false))
+            }
+            r => r,
+        }
+    }
+
+    /// A write for an operation of process `pid` (its name, when already read): joined to
+    /// other threads' operations (`Store::write_joined_by`) when `join` says so.
+    pub(super) fn write_for(
+        &self,
+        join: Join,
+        pid: u32,
+        name: Option<String>,
+    ) -> Result<WriteTxn<'_>> {
+        Ok(if join.0 {
+            self.store.write_joined_by(pid, name)?
+        } else {
+            self.store.write_by_named(pid, name)?
+        })
+    }
+
     /// Commits `w`; returns the commit's number (for `Store::sync_to`).
     pub(super) fn commit_numbered(&self, w: WriteTxn<'_>, sync: Sync) -> Result<u64> {
         match w.commit_numbered(sync) {
@@ -408,6 +446,8 @@ impl Fs {
                     limit,
                 })
             }
+            // Nothing of it was committed; it runs again (`Fs::joinable`).
+            Err(StoreError::Retry) => Err(Error::Store(StoreError::Retry)),
             Err(StoreError::NoRoom) => {
                 // Nothing was written. History gives way to current content.
                 if self.store.history_on()

@@ -181,25 +181,25 @@ impl Fs {
             return Ok(());
         }
         self.writable()?;
-        let mut w = self
-            .store
-            .write_by_named(g.last_writer.pid, g.writer_name.clone())?;
-        self.describe(
-            &mut w,
-            g.last_writer,
-            "write",
-            g.ino,
-            |w| vec![self.ino_path_in(w, g.ino)],
-            g.committed_size,
-            g.size,
-        );
         let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
-        g.stage(&mut w)?;
-        // Under the write lock, so a replace checked after this commit sees it.
-        if let Some(i) = w.inode(g.ino)? {
-            self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
-        }
-        self.commit(w, Sync::Durable)?;
+        self.joinable(|join| {
+            let mut w = self.write_for(join, g.last_writer.pid, g.writer_name.clone())?;
+            self.describe(
+                &mut w,
+                g.last_writer,
+                "write",
+                g.ino,
+                |w| vec![self.ino_path_in(w, g.ino)],
+                g.committed_size,
+                g.size,
+            );
+            g.stage(&mut w)?;
+            // Under the write lock, so a replace checked after this commit sees it.
+            if let Some(i) = w.inode(g.ino)? {
+                self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
+            }
+            self.commit(w, Sync::Durable)
+        })?;
         g.committed();
         self.unreserve(g);
         self.account(g)?;

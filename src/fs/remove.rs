@@ -65,48 +65,52 @@ impl Fs {
     pub fn unlink(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write_by(caller.pid)?;
-        let p = Self::parent_dir(&w, parent)?;
-        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
-        if kind == Kind::Dir {
-            return Err(Error::IsDir);
-        }
-        let size = w.inode(ino)?.map_or(0, |i| i.size);
-        self.describe(
-            &mut w,
-            caller,
-            "unlink",
-            ino,
-            |w| vec![self.path_in(w, parent, name.as_str())],
-            size,
-            0,
-        );
-        self.remove_last_name(w, p, &name, ino)
+        self.joinable(|join| {
+            let mut w = self.write_for(join, caller.pid, None)?;
+            let p = Self::parent_dir(&w, parent)?;
+            let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+            if kind == Kind::Dir {
+                return Err(Error::IsDir);
+            }
+            let size = w.inode(ino)?.map_or(0, |i| i.size);
+            self.describe(
+                &mut w,
+                caller,
+                "unlink",
+                ino,
+                |w| vec![self.path_in(w, parent, name.as_str())],
+                size,
+                0,
+            );
+            self.remove_last_name(w, p, &name, ino)
+        })
     }
 
     pub fn rmdir(&self, caller: Caller, parent: u64, raw_name: &[u8]) -> Result<()> {
         self.writable()?;
         let name = self.parse_name(raw_name)?;
-        let mut w = self.store.write_by(caller.pid)?;
-        let mut p = Self::parent_dir(&w, parent)?;
-        let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
-        if kind != Kind::Dir {
-            return Err(Error::NotDir);
-        }
-        if !w.list(ino, 1)?.is_empty() {
-            return Err(Error::NotEmpty);
-        }
-        self.describe(
-            &mut w,
-            caller,
-            "rmdir",
-            ino,
-            |w| vec![self.path_in(w, parent, name.as_str())],
-            0,
-            0,
-        );
-        p.nlink -= 1;
-        self.remove_last_name(w, p, &name, ino)
+        self.joinable(|join| {
+            let mut w = self.write_for(join, caller.pid, None)?;
+            let mut p = Self::parent_dir(&w, parent)?;
+            let (ino, kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+            if kind != Kind::Dir {
+                return Err(Error::NotDir);
+            }
+            if !w.list(ino, 1)?.is_empty() {
+                return Err(Error::NotEmpty);
+            }
+            self.describe(
+                &mut w,
+                caller,
+                "rmdir",
+                ino,
+                |w| vec![self.path_in(w, parent, name.as_str())],
+                0,
+                0,
+            );
+            p.nlink -= 1;
+            self.remove_last_name(w, p, &name, ino)
+        })
     }
 
     /// Removes `name` from directory `p` (its record as it is to be written, times aside) and

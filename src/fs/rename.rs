@@ -70,6 +70,9 @@ impl Fs {
         };
         if self.tracker.mode() == LostUpdates::Refuse {
             drop(w);
+            // The refusal rests on what the tracker saw, not on what a batch this write
+            // joined wrote: it stands, and is not run again (`Fs::joinable`).
+            Store::take_abandoned();
             self.lost_update(caller, "rename", m.new_parent, name, &c, None)?;
             return Err(Error::LostUpdate {
                 maker: c.maker_pid(),
@@ -139,79 +142,81 @@ impl Fs {
         }
         let name = self.parse_name(raw_name)?;
         let new_name = self.parse_name(raw_new_name)?;
-        let mut w = self.store.write_by(caller.pid)?;
-        Self::parent_dir(&w, parent)?;
-        Self::parent_dir(&w, new_parent)?;
-        let (src, src_kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
-        let dst = w.lookup(new_parent, new_name.as_str())?;
-        let size = w.inode(src)?.map_or(0, |i| i.size);
-        let op = if exchange { "exchange" } else { "rename" };
-        self.describe(
-            &mut w,
-            caller,
-            op,
-            src,
-            |w| {
-                vec![
-                    self.path_in(w, parent, name.as_str()),
-                    self.path_in(w, new_parent, new_name.as_str()),
-                ]
-            },
-            size,
-            size,
-        );
-        if exchange {
-            let (dst, dst_kind) = dst.ok_or(Error::NotFound)?;
-            return self.exchange(
-                w,
-                (parent, &name, src, src_kind),
-                (new_parent, &new_name, dst, dst_kind),
+        self.joinable(|join| {
+            let mut w = self.write_for(join, caller.pid, None)?;
+            Self::parent_dir(&w, parent)?;
+            Self::parent_dir(&w, new_parent)?;
+            let (src, src_kind) = w.lookup(parent, name.as_str())?.ok_or(Error::NotFound)?;
+            let dst = w.lookup(new_parent, new_name.as_str())?;
+            let size = w.inode(src)?.map_or(0, |i| i.size);
+            let op = if exchange { "exchange" } else { "rename" };
+            self.describe(
+                &mut w,
+                caller,
+                op,
+                src,
+                |w| {
+                    vec![
+                        self.path_in(w, parent, name.as_str()),
+                        self.path_in(w, new_parent, new_name.as_str()),
+                    ]
+                },
+                size,
+                size,
             );
-        }
-        if dst.is_some() && noreplace {
-            return Err(Error::Exists);
-        }
-        if dst.is_some_and(|(d, _)| d == src) {
-            return Ok(());
-        }
-        let mv = Move {
-            parent,
-            name: &name,
-            new_parent,
-            new_name: &new_name,
-            src,
-            src_kind,
-        };
-        self.check_move(&mut w, &mv, dst)?;
-        let mut removal = None;
-        if let Some((d, _)) = dst {
-            if src_kind == Kind::File {
-                w = self.check_lost_update(caller, w, &mv, d)?;
+            if exchange {
+                let (dst, dst_kind) = dst.ok_or(Error::NotFound)?;
+                return self.exchange(
+                    w,
+                    (parent, &name, src, src_kind),
+                    (new_parent, &new_name, dst, dst_kind),
+                );
             }
-            removal = Some((d, self.claim_removal(d)));
-        }
-        let staged = (|| -> Result<()> {
-            if let Some((d, dk)) = dst {
-                if let Some((_, r)) = &removal {
-                    Self::stage_removal(&mut w, d, r)?;
-                }
-                if dk == Kind::Dir {
-                    let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
-                    np.nlink -= 1;
-                    w.put_inode(&np)?;
-                }
+            if dst.is_some() && noreplace {
+                return Err(Error::Exists);
             }
-            Self::stage_move(&mut w, &mv)
-        })();
-        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
-        if let Some((d, r)) = removal {
-            self.finish_removal(d, r, res.is_ok());
-        }
-        if res.is_ok() && src_kind == Kind::File {
-            self.tracker
-                .renamed(caller.pid, src, new_parent, new_name.as_str());
-        }
-        res
+            if dst.is_some_and(|(d, _)| d == src) {
+                return Ok(());
+            }
+            let mv = Move {
+                parent,
+                name: &name,
+                new_parent,
+                new_name: &new_name,
+                src,
+                src_kind,
+            };
+            self.check_move(&mut w, &mv, dst)?;
+            let mut removal = None;
+            if let Some((d, _)) = dst {
+                if src_kind == Kind::File {
+                    w = self.check_lost_update(caller, w, &mv, d)?;
+                }
+                removal = Some((d, self.claim_removal(d)));
+            }
+            let staged = (|| -> Result<()> {
+                if let Some((d, dk)) = dst {
+                    if let Some((_, r)) = &removal {
+                        Self::stage_removal(&mut w, d, r)?;
+                    }
+                    if dk == Kind::Dir {
+                        let mut np = w.inode(new_parent)?.ok_or(Error::NotFound)?;
+                        np.nlink -= 1;
+                        w.put_inode(&np)?;
+                    }
+                }
+                Self::stage_move(&mut w, &mv)
+            })();
+            let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+            if let Some((d, r)) = removal {
+                self.finish_removal(d, r, res.is_ok());
+            }
+            if res.is_ok() && src_kind == Kind::File {
+                self.tracker
+                    .renamed(caller.pid, src, new_parent, new_name.as_str());
+            }
+            res
+        })
     }
 
     /// RENAME_EXCHANGE: both names swap inodes in one transaction.

@@ -20,7 +20,7 @@ const ROOM_RESERVE: u64 = 1024 * 1024;
 /// Room a commit without content needs (copy-on-write of a few tree pages).
 const ROOM_FOR_METADATA: u64 = 128 * 1024;
 /// Above this much free disk the exact check is skipped.
-const ROOM_CHECK_ABOVE: u64 = 64 * 1024 * 1024;
+pub(super) const ROOM_CHECK_ABOVE: u64 = 64 * 1024 * 1024;
 
 impl Store {
     /// Whether writes are refused for good after an I/O error: redb's, or the log's.
@@ -55,7 +55,7 @@ impl Store {
         }
     }
 
-    fn injected_panic(&self, at: fault::PanicAt) {
+    pub(super) fn injected_panic(&self, at: fault::PanicAt) {
         if let Some(plan) = &self.faults
             && plan.take_panic(at)
         {
@@ -113,7 +113,7 @@ impl Store {
     /// early, each quarter of the log, leaves the checkpoint little to write. Safe at any
     /// moment: it is what the kernel's own writeback does to those pages anyway. One flush at
     /// a time; none on the power-cut tests' simulated disk.
-    fn preflush(&self) {
+    pub(super) fn preflush(&self) {
         if !matches!(self.disk, super::disk::Disk::Host) {
             return;
         }
@@ -151,7 +151,15 @@ impl Store {
                 Some(Some(wal)) => wal.syncs(),
                 _ => 0,
             },
+            commits: self.numbered_commits.load(Ordering::Relaxed),
+            redb_commits: self.redb_commits.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a redb commit of `ops` numbered commits (see `Store::commit_stats`).
+    pub(super) fn counted(&self, ops: u64) {
+        self.numbered_commits.fetch_add(ops, Ordering::Relaxed);
+        self.redb_commits.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The number of the last commit, and the bytes of write-ahead log records since the
@@ -255,6 +263,9 @@ impl WriteTxn<'_> {
 
     /// Numbers the commit, logs it and commits it in redb; waits for the log when durable.
     fn finish(self, sync: Sync, checkpoint: bool) -> Result<u64, StoreError> {
+        if self.joined.is_some() && !checkpoint {
+            return self.finish_batched(sync);
+        }
         // Numbered while this transaction holds redb's write lock, so numbers follow commit
         // order and the log's records follow them too. Taken, not just read: the next
         // writer may start the moment redb's commit returns, before this one could record it.
@@ -357,6 +368,7 @@ impl WriteTxn<'_> {
             wal.fail();
             return Err(e);
         }
+        store.counted(1);
         drop(pending);
         store.tap(seq, redo);
         if crossed {
@@ -375,10 +387,40 @@ impl WriteTxn<'_> {
     /// log.
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
         self.store.injected_panic(fault::PanicAt::Checkpoint);
+        let store = self.store;
         let mut tx = self.tx.into_inner();
         tx.set_durability(redb::Durability::Immediate)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         tx.commit().map_err(map_err)?;
+        store.counted(1);
+        Ok(seq)
+    }
+
+    /// `finish` for a joined write: numbered and logged as its own commit, committed in redb
+    /// with the rest of its batch (see `batch`).
+    fn finish_batched(mut self, sync: Sync) -> Result<u64, StoreError> {
+        let store = self.store;
+        // Under redb's write lock, which the batch holds: given back if it is abandoned.
+        let seq = store.commits.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(j) = &mut self.joined {
+            j.numbered = true;
+        }
+        store.injected_panic(fault::PanicAt::Numbered);
+        self.mark_subtree_kept(seq)?;
+        let redo = self.redo.take();
+        self.tx
+            .open_table(META)
+            .map_err(map_err)?
+            .insert(META_LOG_SEQ, seq.to_le_bytes().as_slice())
+            .map_err(map_err)?;
+        self.finish_joined(seq, redo)?;
+        store.numbered_commits.fetch_add(1, Ordering::Relaxed);
+        if sync == Sync::Durable
+            && let Some(Some(wal)) = store.wal.get()
+        {
+            store.durable_commits.fetch_add(1, Ordering::Relaxed);
+            wal.sync_to(seq)?;
+        }
         Ok(seq)
     }
 }

@@ -15,12 +15,14 @@
 //! queries; `past` reads the tree as it was at a point of history through those indexes;
 //! `subtree` keeps what every directory carries (the counts below it, bounds of its paths, its
 //! quota) along its parents in each commit; `commit` is the
-//! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `copy`
+//! commit path (room on the disk, the write-ahead log, group commit, checkpoints); `batch`
+//! lets operations of several threads share one redb transaction and commit; `copy`
 //! writes a snapshot into a new store file; `replica` hands each commit's record to
 //! replication and applies shipped records at restore; `readonly` opens a store without writing to it.
 //! `wal` and `redo` are the log's file and records, `disk` and `sim` the disk under them,
 //! `fault` the failures the tests inject.
 
+mod batch;
 mod commit;
 mod content;
 mod copy;
@@ -110,6 +112,10 @@ pub enum StoreError {
     /// Refused before committing: the transaction grows directory `dir` past its quota of
     /// `limit` content bytes (or, when `files`, files and directories). Nothing was written.
     DirQuota { dir: u64, files: bool, limit: u64 },
+    /// A joined write's batch was abandoned because another operation in it failed: nothing
+    /// of this operation was committed, and it must run again with a write of its own (see
+    /// `Store::write_joined_by`).
+    Retry,
 }
 
 impl std::fmt::Display for StoreError {
@@ -140,6 +146,10 @@ impl std::fmt::Display for StoreError {
                 "{} {why}, which writes it: mount it read-write once (or `redbfs snapshot` it, \
                  which reads a recovered private copy) before opening it read-only",
                 path.display()
+            ),
+            StoreError::Retry => write!(
+                f,
+                "another operation committed with this one failed; nothing was written"
             ),
             StoreError::DirQuota { dir, files, limit } => write!(
                 f,
@@ -197,6 +207,11 @@ pub struct CommitStats {
     /// fdatasyncs of the log: each makes every record appended before it durable, so
     /// concurrent durable commits share one.
     pub log_syncs: u64,
+    /// Numbered commits (each operation's own) since the store opened.
+    pub commits: u64,
+    /// redb commits that made them: each batch of operations that shared a redb
+    /// transaction commits once.
+    pub redb_commits: u64,
 }
 
 /// Counts kept in `meta`, for status, statfs and quotas.
@@ -264,6 +279,12 @@ pub struct Store {
     before_batch: Mutex<Option<Arc<ReadTxn>>>,
     /// Operations the per-directory aggregates did (see `subtree`).
     subtree_work: AtomicU64,
+    /// The batch a joined write joins (see `batch`).
+    batches: batch::Slot,
+    /// Numbered commits since the store opened, and the redb commits that made them: fewer
+    /// redb commits means operations shared one (see `batch`).
+    numbered_commits: AtomicU64,
+    redb_commits: AtomicU64,
 }
 
 impl Store {

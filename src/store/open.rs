@@ -106,6 +106,9 @@ impl Store {
             frozen: Mutex::new(None),
             before_batch: Mutex::new(None),
             subtree_work: AtomicU64::new(0),
+            batches: Default::default(),
+            numbered_commits: AtomicU64::new(0),
+            redb_commits: AtomicU64::new(0),
         }
     }
 

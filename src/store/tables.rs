@@ -32,6 +32,23 @@ pub(super) struct Tx {
     open: [RefCell<Option<Box<dyn Any>>>; SLOTS],
 }
 
+// SAFETY: a `Tx` moves between threads only whole, between two operations of a batch (see
+// `batch`), with no table lent out (every `RefMut` borrows the `Tx`). What it owns is a redb
+// write transaction and redb tables over it, all `Send` (checked below for the kinds of key
+// and value the store's tables have); the `RefCell`s and `OnceCell`s are only ever used by
+// the thread that holds the `Tx`, and `Tx` is not `Sync`.
+unsafe impl Send for Tx {}
+
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<WriteTransaction>();
+    send::<Table<'static, u64, &'static [u8]>>();
+    send::<Table<'static, (u64, &'static str), (u64, u8)>>();
+    send::<Table<'static, &'static str, &'static [u8]>>();
+    send::<Table<'static, (u64, u64), u64>>();
+    send::<Table<'static, u64, ()>>();
+};
+
 impl Tx {
     pub(super) fn new(tx: WriteTransaction) -> Tx {
         Tx {

@@ -59,6 +59,9 @@ pub(super) struct UsageDelta {
 /// `set_orphan`); with history on, each captures the key's value before the transaction's
 /// first change to it, and the record of those before-images is appended at commit.
 pub struct WriteTxn<'s> {
+    /// Its place in a batch, for a joined write (`Store::write_joined_by`). Declared before
+    /// `tx`, so dropping the transaction abandons the batch before redb's write lock goes.
+    pub(super) joined: Option<super::batch::Joined<'s>>,
     /// The redb transaction, with the tables it has opened (each once).
     pub(super) tx: super::tables::Tx,
     pub(super) store: &'s Store,
@@ -121,8 +124,40 @@ impl Store {
         Ok(w)
     }
 
+    /// `write_by_named`, for an operation that may share its redb transaction and commit
+    /// with operations of other threads (see `batch`): it joins the batch left open for it,
+    /// or begins one. Its commit may fail with `StoreError::Retry` (another operation of the
+    /// batch failed; nothing of it was committed), when the operation must run again with a
+    /// write of its own (`write_by_named`). Before the write-ahead log runs, the same as
+    /// `write_by_named`.
+    pub fn write_joined_by(
+        &self,
+        pid: u32,
+        name: Option<String>,
+    ) -> Result<WriteTxn<'_>, StoreError> {
+        if !matches!(self.wal.get(), Some(Some(_))) {
+            return self.write_by_named(pid, name);
+        }
+        if self.frozen().is_some() {
+            return Err(StoreError::ReadOnly);
+        }
+        let comm = (pid != 0 && self.history_on())
+            .then(|| (pid, name.unwrap_or_else(|| self.process_name(pid))));
+        let (tx, joined) = self.join()?;
+        let mut w = self.write_over(tx);
+        w.joined = Some(joined);
+        w.comm = comm;
+        Ok(w)
+    }
+
     /// `write`, on a frozen store too: a checkpoint changes nothing the store holds.
     pub(super) fn write_any(&self) -> Result<WriteTxn<'_>, StoreError> {
+        let tx = self.begin_tx()?;
+        Ok(self.write_over(tx))
+    }
+
+    /// A redb write transaction, waiting for any other writer to finish.
+    pub(super) fn begin_tx(&self) -> Result<super::tables::Tx, StoreError> {
         let tx = self.writable_db()?.begin_write().map_err(|e| {
             let e = map_err(e);
             // An I/O error inside an earlier transaction (not only at its commit: redb may
@@ -132,8 +167,14 @@ impl Store {
             }
             e
         })?;
-        Ok(WriteTxn {
-            tx: super::tables::Tx::new(tx),
+        Ok(super::tables::Tx::new(tx))
+    }
+
+    /// A write transaction of this store over `tx`, with nothing done yet.
+    fn write_over(&self, tx: super::tables::Tx) -> WriteTxn<'_> {
+        WriteTxn {
+            joined: None,
+            tx,
             store: self,
             redo: Redo::new(self.record_limit()),
             usage: UsageDelta::default(),
@@ -146,7 +187,7 @@ impl Store {
             agg: Default::default(),
             new_inos_from: std::cell::Cell::new(None),
             comm: None,
-        })
+        }
     }
 
     /// Bookkeeping steps every committed write transaction took, in total: one per table

@@ -1,0 +1,266 @@
+//! Operations of several threads sharing one redb transaction and commit (a batch): each
+//! keeps its own commit number, log record and history record; the log replays to the same
+//! store after a crash; an operation failing inside a batch leaves the others committed
+//! exactly once (run again on their own) and itself absent.
+//!
+//! The batches are made deterministic with the store's test hook `hold_batches(n)`: a batch
+//! commits only once it holds `n` operations, its last operation waiting for the next
+//! joiner meanwhile.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use redbfs::fs::{Caller, Error, Fs, Limits};
+use redbfs::store::{ROOT_INO, Store, wal};
+
+const ME: Caller = Caller {
+    uid: 0,
+    gid: 0,
+    pid: 0,
+};
+
+fn open(path: &std::path::Path) -> Fs {
+    let store = Store::open_or_create(path, (0, 0)).unwrap();
+    store.set_keep_history(3_600_000_000_000).unwrap();
+    Fs::new(store, Limits::default()).unwrap()
+}
+
+fn write_file(fs: &Fs, name: &str, data: &[u8]) -> redbfs::fs::Result<()> {
+    let (inode, fh) = fs.create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)?;
+    let written = fs.write(ME, fh, 0, data).and_then(|_| fs.fsync(fh));
+    let _ = fs.release(fh);
+    fs.forget(inode.ino, 1);
+    written
+}
+
+fn files(fs: &Fs) -> BTreeMap<String, Vec<u8>> {
+    let fh = fs.opendir(ROOT_INO).unwrap();
+    let entries = fs.readdir(fh, 0).unwrap();
+    fs.releasedir(fh).unwrap();
+    entries
+        .iter()
+        .filter(|e| !redbfs::fs::is_dot(&e.name))
+        .map(|e| {
+            let data = if e.kind == redbfs::store::Kind::Dir {
+                b"<dir>".to_vec()
+            } else {
+                let fh = fs.open(ME, e.ino, Default::default()).unwrap();
+                let data = fs.read(fh, 0, u32::MAX).unwrap();
+                fs.release(fh).unwrap();
+                data
+            };
+            (e.name.clone(), data)
+        })
+        .collect()
+}
+
+/// The number of the last commit the store took (numbered, maybe not yet committed).
+fn numbered(fs: &Fs) -> u64 {
+    fs.store().log_state().0
+}
+
+/// Waits until the store's commit number reaches `n`: the operations started so far have
+/// taken their numbers inside the open batch.
+fn wait_numbered(fs: &Fs, n: u64) {
+    let start = Instant::now();
+    while numbered(fs) < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "operations never reached commit {n}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn history_ops(fs: &Fs, after: u64) -> Vec<(u64, String, Vec<String>)> {
+    let r = fs.store().read().unwrap();
+    let last = r.last_seq().unwrap();
+    let mut v: Vec<_> = r
+        .history(after + 1..=last)
+        .unwrap()
+        .into_iter()
+        .map(|h| (h.seq, h.op, h.paths))
+        .collect();
+    v.reverse();
+    v
+}
+
+fn clean(fs: &Fs) {
+    let r = fs.store().read().unwrap();
+    assert_eq!(redbfs::check::invariants(&r).unwrap(), Vec::<String>::new());
+}
+
+/// A crash now: the store file and its log as they are, opened again (the log replayed).
+fn crash_copy(dir: &tempfile::TempDir, path: &std::path::Path) -> Fs {
+    let crashed = dir.path().join("crashed.redb");
+    std::fs::copy(path, &crashed).unwrap();
+    std::fs::copy(wal::path_of(path), wal::path_of(&crashed)).unwrap();
+    open(&crashed)
+}
+
+#[test]
+fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    // The log starts with the first commit.
+    write_file(&fs, "first.md", b"first").unwrap();
+    let before = fs.store().commit_stats();
+    let seq0 = numbered(&fs);
+    let hist0 = fs.store().read().unwrap().last_seq().unwrap();
+    fs.store().hold_batches(4);
+    std::thread::scope(|s| {
+        for i in 0..4 {
+            let fs = &fs;
+            s.spawn(move || fs.mkdir(ME, ROOT_INO, format!("d{i}").as_bytes(), 0o700, 0));
+        }
+    });
+    fs.store().hold_batches(0);
+    let after = fs.store().commit_stats();
+    assert_eq!(after.commits - before.commits, 4);
+    assert_eq!(
+        after.redb_commits - before.redb_commits,
+        1,
+        "four operations, one redb commit"
+    );
+    // Contiguous numbers, each its own history record.
+    assert_eq!(numbered(&fs), seq0 + 4);
+    let hist = history_ops(&fs, hist0);
+    assert_eq!(hist.len(), 4, "{hist:?}");
+    let mut made: Vec<String> = hist
+        .iter()
+        .map(|(_, op, paths)| {
+            assert_eq!(op, "mkdir");
+            paths[0].clone()
+        })
+        .collect();
+    made.sort();
+    assert_eq!(made, ["/d0", "/d1", "/d2", "/d3"]);
+    clean(&fs);
+
+    // Files created, written and fsynced by four threads at once: creates in one batch,
+    // fsyncs in another.
+    fs.store().hold_batches(4);
+    std::thread::scope(|s| {
+        for i in 0..4 {
+            let fs = &fs;
+            s.spawn(move || {
+                write_file(fs, &format!("n{i}.md"), format!("note {i}\n").as_bytes()).unwrap()
+            });
+        }
+    });
+    fs.store().hold_batches(0);
+    let last = fs.store().commit_stats();
+    assert_eq!(last.commits - after.commits, 8);
+    assert_eq!(last.redb_commits - after.redb_commits, 2);
+    let want = files(&fs);
+    for i in 0..4 {
+        assert_eq!(
+            want[&format!("n{i}.md")],
+            format!("note {i}\n").into_bytes()
+        );
+    }
+    clean(&fs);
+
+    // The log replays the batches' records one by one to the same store.
+    let recovered = crash_copy(&dir, &path);
+    assert_eq!(files(&recovered), want);
+    assert_eq!(
+        recovered.store().read().unwrap().last_seq().unwrap(),
+        fs.store().read().unwrap().last_seq().unwrap()
+    );
+    clean(&recovered);
+}
+
+#[test]
+fn an_operation_failing_inside_a_batch_leaves_the_others_committed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    write_file(&fs, "first.md", b"first").unwrap();
+    let seq0 = numbered(&fs);
+    let hist0 = fs.store().read().unwrap().last_seq().unwrap();
+    fs.store().hold_batches(3);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| fs.mkdir(ME, ROOT_INO, b"a", 0o700, 0).map(drop));
+        wait_numbered(&fs, seq0 + 1);
+        let b = s.spawn(|| write_file(&fs, "b.md", b"bee"));
+        wait_numbered(&fs, seq0 + 2);
+        // The third joins the batch that holds the other two, and fails.
+        let c = s.spawn(|| fs.unlink(ME, ROOT_INO, b"missing.md"));
+        let c = c.join().unwrap();
+        fs.store().hold_batches(0);
+        assert!(matches!(c, Err(Error::NotFound)), "{c:?}");
+        a.join().unwrap().unwrap();
+        b.join().unwrap().unwrap();
+    });
+    let got = files(&fs);
+    assert_eq!(got["a"], b"<dir>");
+    assert_eq!(got["b.md"], b"bee");
+    // Each operation committed once.
+    let hist = history_ops(&fs, hist0);
+    let count = |op: &str| hist.iter().filter(|(_, o, _)| o == op).count();
+    assert_eq!((count("mkdir"), count("create")), (1, 1), "{hist:?}");
+    assert!(
+        hist.iter()
+            .all(|(_, o, _)| ["mkdir", "create", "write"].contains(&o.as_str()))
+    );
+    clean(&fs);
+    let recovered = crash_copy(&dir, &path);
+    assert_eq!(files(&recovered), got);
+    clean(&recovered);
+}
+
+#[test]
+fn an_operation_refused_after_writing_inside_a_batch_leaves_the_others_committed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    fs.mkdir(ME, ROOT_INO, b"q", 0o700, 0).unwrap();
+    // A directory with room for one more entry only.
+    fs.set_quota("/q", 0, 1).unwrap();
+    let q = fs.lookup(ROOT_INO, b"q").unwrap().ino;
+    fs.forget(q, 1);
+    let seq0 = numbered(&fs);
+    fs.store().hold_batches(3);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| fs.mkdir(ME, ROOT_INO, b"a", 0o700, 0).map(drop));
+        wait_numbered(&fs, seq0 + 1);
+        let b = s.spawn(|| fs.mkdir(ME, q, b"one", 0o700, 0).map(drop));
+        wait_numbered(&fs, seq0 + 2);
+        // Writes its entry, then its commit is refused by the quota the second one filled.
+        // The batch is abandoned: the first two run again on their own, and so does the
+        // third (what it saw of the second was never committed), so the second and the
+        // third race for the last entry, as any two concurrent creates do.
+        let c = s.spawn(|| fs.mkdir(ME, q, b"two", 0o700, 0).map(drop));
+        let c = c.join().unwrap();
+        fs.store().hold_batches(0);
+        a.join().unwrap().unwrap();
+        let b = b.join().unwrap();
+        match (&b, &c) {
+            (Ok(()), Err(Error::DirQuota { .. })) | (Err(Error::DirQuota { .. }), Ok(())) => {}
+            _ => panic!("one of the two fits: {b:?} {c:?}"),
+        }
+    });
+    let got = files(&fs);
+    assert!(got.contains_key("a"));
+    let fh = fs.opendir(q).unwrap();
+    let inside: Vec<String> = fs
+        .readdir(fh, 0)
+        .unwrap()
+        .iter()
+        .filter(|e| !redbfs::fs::is_dot(&e.name))
+        .map(|e| e.name.clone())
+        .collect();
+    fs.releasedir(fh).unwrap();
+    assert!(inside == ["one"] || inside == ["two"], "{inside:?}");
+    assert_eq!(
+        numbered(&fs),
+        seq0 + 2,
+        "the refused operation kept no number"
+    );
+    clean(&fs);
+    let recovered = crash_copy(&dir, &path);
+    assert_eq!(files(&recovered), got);
+    clean(&recovered);
+}
