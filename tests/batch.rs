@@ -7,9 +7,11 @@
 //! commits only once it holds `n` operations, its last operation waiting for the next
 //! joiner meanwhile.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::core_fs::{root_files, try_write_file};
 use redbfs::fs::{Caller, Error, Fs, Limits};
 use redbfs::store::{ROOT_INO, Store, wal};
 
@@ -23,35 +25,6 @@ fn open(path: &std::path::Path) -> Fs {
     let store = Store::open_or_create(path, (0, 0)).unwrap();
     store.set_keep_history(3_600_000_000_000).unwrap();
     Fs::new(store, Limits::default()).unwrap()
-}
-
-fn write_file(fs: &Fs, name: &str, data: &[u8]) -> redbfs::fs::Result<()> {
-    let (inode, fh) = fs.create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)?;
-    let written = fs.write(ME, fh, 0, data).and_then(|_| fs.fsync(fh));
-    let _ = fs.release(fh);
-    fs.forget(inode.ino, 1);
-    written
-}
-
-fn files(fs: &Fs) -> BTreeMap<String, Vec<u8>> {
-    let fh = fs.opendir(ROOT_INO).unwrap();
-    let entries = fs.readdir(fh, 0).unwrap();
-    fs.releasedir(fh).unwrap();
-    entries
-        .iter()
-        .filter(|e| !redbfs::fs::is_dot(&e.name))
-        .map(|e| {
-            let data = if e.kind == redbfs::store::Kind::Dir {
-                b"<dir>".to_vec()
-            } else {
-                let fh = fs.open(ME, e.ino, Default::default()).unwrap();
-                let data = fs.read(fh, 0, u32::MAX).unwrap();
-                fs.release(fh).unwrap();
-                data
-            };
-            (e.name.clone(), data)
-        })
-        .collect()
 }
 
 /// The number of the last commit the store took (numbered, maybe not yet committed).
@@ -104,7 +77,7 @@ fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
     let path = dir.path().join("s.redb");
     let fs = open(&path);
     // The log starts with the first commit.
-    write_file(&fs, "first.md", b"first").unwrap();
+    try_write_file(&fs, ME, "first.md", b"first").unwrap();
     let before = fs.store().commit_stats();
     let seq0 = numbered(&fs);
     let hist0 = fs.store().read().unwrap().last_seq().unwrap();
@@ -145,7 +118,13 @@ fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
         for i in 0..4 {
             let fs = &fs;
             s.spawn(move || {
-                write_file(fs, &format!("n{i}.md"), format!("note {i}\n").as_bytes()).unwrap()
+                try_write_file(
+                    fs,
+                    ME,
+                    &format!("n{i}.md"),
+                    format!("note {i}\n").as_bytes(),
+                )
+                .unwrap()
             });
         }
     });
@@ -153,7 +132,7 @@ fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
     let last = fs.store().commit_stats();
     assert_eq!(last.commits - after.commits, 8);
     assert_eq!(last.redb_commits - after.redb_commits, 2);
-    let want = files(&fs);
+    let want = root_files(&fs, ME);
     for i in 0..4 {
         assert_eq!(
             want[&format!("n{i}.md")],
@@ -164,7 +143,7 @@ fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
 
     // The log replays the batches' records one by one to the same store.
     let recovered = crash_copy(&dir, &path);
-    assert_eq!(files(&recovered), want);
+    assert_eq!(root_files(&recovered, ME), want);
     assert_eq!(
         recovered.store().read().unwrap().last_seq().unwrap(),
         fs.store().read().unwrap().last_seq().unwrap()
@@ -177,14 +156,14 @@ fn an_operation_failing_inside_a_batch_leaves_the_others_committed_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");
     let fs = open(&path);
-    write_file(&fs, "first.md", b"first").unwrap();
+    try_write_file(&fs, ME, "first.md", b"first").unwrap();
     let seq0 = numbered(&fs);
     let hist0 = fs.store().read().unwrap().last_seq().unwrap();
     fs.store().hold_batches(3);
     std::thread::scope(|s| {
         let a = s.spawn(|| fs.mkdir(ME, ROOT_INO, b"a", 0o700, 0).map(drop));
         wait_numbered(&fs, seq0 + 1);
-        let b = s.spawn(|| write_file(&fs, "b.md", b"bee"));
+        let b = s.spawn(|| try_write_file(&fs, ME, "b.md", b"bee"));
         wait_numbered(&fs, seq0 + 2);
         // The third joins the batch that holds the other two, and fails.
         let c = s.spawn(|| fs.unlink(ME, ROOT_INO, b"missing.md"));
@@ -194,7 +173,7 @@ fn an_operation_failing_inside_a_batch_leaves_the_others_committed_once() {
         a.join().unwrap().unwrap();
         b.join().unwrap().unwrap();
     });
-    let got = files(&fs);
+    let got = root_files(&fs, ME);
     assert_eq!(got["a"], b"<dir>");
     assert_eq!(got["b.md"], b"bee");
     // Each operation committed once.
@@ -207,7 +186,7 @@ fn an_operation_failing_inside_a_batch_leaves_the_others_committed_once() {
     );
     clean(&fs);
     let recovered = crash_copy(&dir, &path);
-    assert_eq!(files(&recovered), got);
+    assert_eq!(root_files(&recovered, ME), got);
     clean(&recovered);
 }
 
@@ -242,7 +221,7 @@ fn an_operation_refused_after_writing_inside_a_batch_leaves_the_others_committed
             _ => panic!("one of the two fits: {b:?} {c:?}"),
         }
     });
-    let got = files(&fs);
+    let got = root_files(&fs, ME);
     assert!(got.contains_key("a"));
     let fh = fs.opendir(q).unwrap();
     let inside: Vec<String> = fs
@@ -261,6 +240,6 @@ fn an_operation_refused_after_writing_inside_a_batch_leaves_the_others_committed
     );
     clean(&fs);
     let recovered = crash_copy(&dir, &path);
-    assert_eq!(files(&recovered), got);
+    assert_eq!(root_files(&recovered, ME), got);
     clean(&recovered);
 }

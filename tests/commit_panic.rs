@@ -12,6 +12,9 @@
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+mod common;
+
+use common::core_fs::{root_files, try_write_file};
 use redbfs::fs::{Caller, Fs, Limits};
 use redbfs::store::fault::PanicAt;
 use redbfs::store::{ROOT_INO, Store, wal};
@@ -30,30 +33,6 @@ fn open(path: &std::path::Path) -> Fs {
     .unwrap()
 }
 
-fn write_file(fs: &Fs, name: &str, data: &[u8]) -> redbfs::fs::Result<()> {
-    let (inode, fh) = fs.create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)?;
-    let written = fs.write(ME, fh, 0, data).and_then(|_| fs.fsync(fh));
-    let _ = fs.release(fh);
-    fs.forget(inode.ino, 1);
-    written
-}
-
-fn files(fs: &Fs) -> BTreeMap<String, Vec<u8>> {
-    let fh = fs.opendir(ROOT_INO).unwrap();
-    let entries = fs.readdir(fh, 0).unwrap();
-    fs.releasedir(fh).unwrap();
-    entries
-        .iter()
-        .filter(|e| !redbfs::fs::is_dot(&e.name))
-        .map(|e| {
-            let fh = fs.open(ME, e.ino, Default::default()).unwrap();
-            let data = fs.read(fh, 0, u32::MAX).unwrap();
-            fs.release(fh).unwrap();
-            (e.name.clone(), data)
-        })
-        .collect()
-}
-
 #[test]
 fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
     // SAFETY: set before any store opens; this binary's only test reads it.
@@ -70,7 +49,7 @@ fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
         let mut acknowledged = BTreeMap::new();
         for i in 0..5 {
             let data = format!("note {i}\n").repeat(50).into_bytes();
-            write_file(&fs, &format!("n{i}.md"), &data).unwrap();
+            try_write_file(&fs, ME, &format!("n{i}.md"), &data).unwrap();
             acknowledged.insert(format!("n{i}.md"), data);
         }
         fs.store().inject_panic(at).unwrap();
@@ -85,12 +64,14 @@ fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
         ];
         let hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
-        let panicked = catch_unwind(AssertUnwindSafe(|| write_file(&fs, "doomed.md", &doomed)));
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            try_write_file(&fs, ME, "doomed.md", &doomed)
+        }));
         std::panic::set_hook(hook);
         assert!(panicked.is_err(), "{at:?}: the injected panic fired");
         // Nothing commits after the gap.
         assert!(
-            write_file(&fs, "after.md", b"after").is_err(),
+            try_write_file(&fs, ME, "after.md", b"after").is_err(),
             "{at:?}: a commit after the panic was acknowledged"
         );
         assert!(
@@ -104,7 +85,7 @@ fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
         std::fs::copy(wal::path_of(&path), wal::path_of(&crashed)).unwrap();
         drop(fs);
         let fs = open(&crashed);
-        let mut got = files(&fs);
+        let mut got = root_files(&fs, ME);
         // The panicked create may or may not have reached the store (it was never
         // acknowledged), but never with partial content.
         if let Some(d) = got.remove("doomed.md") {
@@ -122,7 +103,7 @@ fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
         );
         drop(r);
         // The recovered store goes on.
-        write_file(&fs, "after.md", b"after").unwrap();
+        try_write_file(&fs, ME, "after.md", b"after").unwrap();
     }
 }
 
@@ -140,7 +121,7 @@ fn a_panic_inside_a_batch_fails_the_log_and_loses_nothing_acknowledged() {
         let mut acknowledged = BTreeMap::new();
         for i in 0..3 {
             let data = format!("note {i}\n").repeat(50).into_bytes();
-            write_file(&fs, &format!("n{i}.md"), &data).unwrap();
+            try_write_file(&fs, ME, &format!("n{i}.md"), &data).unwrap();
             acknowledged.insert(format!("n{i}.md"), data);
         }
         let seq0 = fs.store().log_state().0;
@@ -177,7 +158,7 @@ fn a_panic_inside_a_batch_fails_the_log_and_loses_nothing_acknowledged() {
         assert!(c.is_err(), "{at:?}: the injected panic fired");
         assert!(a.is_err() && b.is_err(), "{at:?}: {a:?} {b:?}");
         assert!(
-            write_file(&fs, "after.md", b"after").is_err(),
+            try_write_file(&fs, ME, "after.md", b"after").is_err(),
             "{at:?}: a commit after the panic was acknowledged"
         );
 
@@ -186,7 +167,7 @@ fn a_panic_inside_a_batch_fails_the_log_and_loses_nothing_acknowledged() {
         std::fs::copy(wal::path_of(&path), wal::path_of(&crashed)).unwrap();
         drop(fs);
         let fs = open(&crashed);
-        let mut got = files(&fs);
+        let mut got = root_files(&fs, ME);
         // Never acknowledged, so they may or may not be there (a panic after redb's commit
         // leaves all three), but all or none.
         let made: Vec<bool> = ["a", "b", "c"]
@@ -206,6 +187,6 @@ fn a_panic_inside_a_batch_fails_the_log_and_loses_nothing_acknowledged() {
             "{at:?}"
         );
         drop(r);
-        write_file(&fs, "after.md", b"after").unwrap();
+        try_write_file(&fs, ME, "after.md", b"after").unwrap();
     }
 }

@@ -360,11 +360,7 @@ impl Store {
         }
         if !fits {
             self.injected_panic(fault::PanicAt::Checkpoint);
-            let mut tx = tx.into_inner();
-            let committed = tx
-                .set_durability(redb::Durability::Immediate)
-                .map_err(|e| StoreError::Io(e.to_string()))
-                .and_then(|()| tx.commit().map_err(super::map_err));
+            let committed = super::commit_as(tx.into_inner(), redb::Durability::Immediate);
             if let Err(e) = committed {
                 wal.fail();
                 return Err(e);
@@ -377,11 +373,7 @@ impl Store {
         }
         let crossed = quarter(pending.used()) != before;
         self.injected_panic(fault::PanicAt::Appended);
-        let mut tx = tx.into_inner();
-        let committed = tx
-            .set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Io(e.to_string()))
-            .and_then(|()| tx.commit().map_err(super::map_err));
+        let committed = super::commit_as(tx.into_inner(), redb::Durability::None);
         if let Err(e) = committed {
             if let Some(m) = first_mark {
                 pending.unpush(m);

@@ -358,11 +358,7 @@ impl WriteTxn<'_> {
         let mark = pending.push(seq, redo.as_deref().unwrap_or_default());
         let crossed = quarter(pending.used()) != before;
         store.injected_panic(fault::PanicAt::Appended);
-        let mut tx = self.tx.into_inner();
-        let committed = tx
-            .set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Io(e.to_string()))
-            .and_then(|()| tx.commit().map_err(map_err));
+        let committed = super::commit_as(self.tx.into_inner(), redb::Durability::None);
         if let Err(e) = committed {
             pending.unpush(mark);
             wal.fail();
@@ -388,10 +384,8 @@ impl WriteTxn<'_> {
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
         self.store.injected_panic(fault::PanicAt::Checkpoint);
         let store = self.store;
-        let mut tx = self.tx.into_inner();
-        tx.set_durability(redb::Durability::Immediate)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
+        let tx = self.tx.into_inner();
+        super::commit_as(tx, redb::Durability::Immediate)?;
         store.counted(1);
         Ok(seq)
     }

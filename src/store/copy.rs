@@ -619,11 +619,9 @@ impl Writer<'_> {
     /// temporary name and nothing reads it.
     fn commit_part(
         &mut self,
-        mut tx: redb::WriteTransaction,
+        tx: redb::WriteTransaction,
     ) -> Result<redb::WriteTransaction, StoreError> {
-        tx.set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
+        super::commit_as(tx, redb::Durability::None)?;
         self.since_commit = 0;
         self.db.begin_write().map_err(map_err)
     }
@@ -765,7 +763,7 @@ impl ReadTxn {
             (read, written)
         });
         // A half that failed says why; the other only that it stopped.
-        let (tables, (mut tx, mut stats)) = match (read, written) {
+        let (tables, (tx, mut stats)) = match (read, written) {
             (Ok(t), Ok(s)) => (t, s),
             (Err(e), Err(StoreError::Io(m))) if m == READER_GONE => return Err(e),
             (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
@@ -775,9 +773,7 @@ impl ReadTxn {
         // durable in the commit that records the allocator state (which every close writes,
         // so that the next opening needs no repair): one durable commit where a durable
         // last part and the close's made two. A close that fails is the copy's failure.
-        tx.set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
+        super::commit_as(tx, redb::Durability::None)?;
         db.close().map_err(map_err)?;
         // A copy smaller than `RETURN_MEMORY_EVERY` leaves less than that freed, which the
         // next one reuses: handing it back would only have it faulted in again.

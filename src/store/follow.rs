@@ -77,14 +77,12 @@ impl Store {
     /// and reaches no replica: a note about this copy of the store (a fenced writer's), on a
     /// frozen store too.
     pub fn note_locally(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let tx = self.writable_db()?.begin_write().map_err(map_err)?;
         tx.open_table(META)
             .map_err(map_err)?
             .insert(key, value)
             .map_err(map_err)?;
-        tx.set_durability(redb::Durability::Immediate)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)
+        super::commit_as(tx, redb::Durability::Immediate)
     }
 
     /// Why the store was frozen, if it was.
@@ -131,7 +129,7 @@ impl Store {
             )));
         }
         let before = (!records.is_empty()).then(|| self.read()).transpose()?;
-        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let mut last = at;
         for r in records {
@@ -146,9 +144,7 @@ impl Store {
         }
         keep_own_format(&tx)?;
         finish_meta(&tx, last, local)?;
-        tx.set_durability(redb::Durability::Immediate)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
+        super::commit_as(tx, redb::Durability::Immediate)?;
         self.commits.store(last, Ordering::Release);
         self.keep_before(before);
         Ok(changed.finish())
@@ -181,7 +177,7 @@ impl Store {
         // own: their rows are put where this format keeps them.
         let separate_indexes = theirs.is_some_and(|v| v < u64::from(FORMAT_VERSION));
         let before = self.read()?;
-        let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let mut changed = Changed::default();
         let keep: Vec<&str> = local
             .iter()
@@ -222,9 +218,7 @@ impl Store {
         sync_table(&src, &tx, SUBTREE, &mut |_| false)?;
         sync_table(&src, &tx, QUOTAS, &mut |_| false)?;
         finish_meta(&tx, commit, local)?;
-        tx.set_durability(redb::Durability::Immediate)
-            .map_err(|e| StoreError::Io(e.to_string()))?;
-        tx.commit().map_err(map_err)?;
+        super::commit_as(tx, redb::Durability::Immediate)?;
         self.commits.store(commit, Ordering::Release);
         self.keep_before(Some(before));
         Ok(changed.finish())

@@ -185,6 +185,13 @@ fn map_err(e: impl Into<redb::Error>) -> StoreError {
     }
 }
 
+/// Commits redb transaction `tx` with durability `d`.
+fn commit_as(mut tx: redb::WriteTransaction, d: redb::Durability) -> Result<(), StoreError> {
+    tx.set_durability(d)
+        .map_err(|e| StoreError::Io(e.to_string()))?;
+    tx.commit().map_err(map_err)
+}
+
 fn corrupt(what: &str, ino: u64) -> StoreError {
     StoreError::Corrupt(format!("{what} of inode {ino} does not decode"))
 }

@@ -430,7 +430,7 @@ impl Store {
             )));
         }
         if let Some((upto, _)) = todo.last() {
-            let mut tx = self.writable_db()?.begin_write().map_err(map_err)?;
+            let tx = self.writable_db()?.begin_write().map_err(map_err)?;
             for (_, payload) in &todo {
                 replay(&tx, payload)?;
             }
@@ -438,9 +438,7 @@ impl Store {
                 .map_err(map_err)?
                 .insert(META_LOG_SEQ, upto.to_le_bytes().as_slice())
                 .map_err(map_err)?;
-            tx.set_durability(redb::Durability::Immediate)
-                .map_err(|e| StoreError::Io(e.to_string()))?;
-            tx.commit().map_err(map_err)?;
+            super::commit_as(tx, redb::Durability::Immediate)?;
             self.commits.store(*upto, Ordering::Release);
             tracing::warn!(
                 store = %self.path.display(),
