@@ -243,3 +243,111 @@ fn an_operation_refused_after_writing_inside_a_batch_leaves_the_others_committed
     assert_eq!(root_files(&recovered, ME), got);
     clean(&recovered);
 }
+
+#[test]
+fn an_fsync_while_the_files_unlink_waits_in_a_batch_returns_only_once_either_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    let (inode, fh) = fs
+        .create(ME, ROOT_INO, b"f.md", 0o600, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.fsync(fh).unwrap();
+    fs.write(ME, fh, 0, b"data").unwrap();
+    let seq0 = numbered(&fs);
+    fs.store().hold_batches(2);
+    let durable = std::thread::scope(|s| {
+        // The unlink stages the file's removal and waits, in its batch, for a second
+        // operation.
+        let unlink = s.spawn(|| fs.unlink(ME, ROOT_INO, b"f.md"));
+        wait_numbered(&fs, seq0 + 1);
+        // The fsync may neither trust the removal (its batch can still fail) nor write into
+        // it: it returns once its content or the removal is durable.
+        let synced = fs.fsync(fh);
+        let durable = root_files(&crash_copy(&dir, &path), ME);
+        fs.store().hold_batches(0);
+        unlink.join().unwrap().unwrap();
+        synced.unwrap();
+        durable
+    });
+    match durable.get("f.md") {
+        None => {}
+        Some(data) => assert_eq!(
+            data, b"data",
+            "fsync returned before its content was durable"
+        ),
+    }
+    fs.release(fh).unwrap();
+    fs.forget(inode.ino, 1);
+    assert!(!root_files(&fs, ME).contains_key("f.md"));
+    clean(&fs);
+}
+
+#[test]
+fn a_rename_run_again_after_its_batch_failed_counts_its_lost_update_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    // Two processes of their own: the tracker tells processes by pid and start time.
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let who = |i: usize| Caller {
+        uid: 0,
+        gid: 0,
+        pid: children[i].id(),
+    };
+    let (a, b) = (who(0), who(1));
+    try_write_file(&fs, ME, "t.md", b"v1").unwrap();
+    let t = fs.lookup(ROOT_INO, b"t.md").unwrap().ino;
+    // A reads t.md, then B rewrites it, then A replaces it with its own edit: B's is lost.
+    let fh = fs
+        .open(a, t, redbfs::fs::OpenMode::from_flags(libc::O_RDONLY))
+        .unwrap();
+    assert_eq!(fs.read(fh, 0, 100).unwrap(), b"v1");
+    fs.release(fh).unwrap();
+    let fh = fs
+        .open(b, t, redbfs::fs::OpenMode::from_flags(libc::O_WRONLY))
+        .unwrap();
+    fs.write(b, fh, 0, b"v2").unwrap();
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+    fs.forget(t, 1);
+    try_write_file(&fs, a, ".tmp-a", b"v3").unwrap();
+    let seq0 = numbered(&fs);
+    let hist0 = fs.store().read().unwrap().last_seq().unwrap();
+    fs.store().hold_batches(3);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| fs.mkdir(ME, ROOT_INO, b"d", 0o700, 0).map(drop));
+        wait_numbered(&fs, seq0 + 1);
+        let rename = s.spawn(|| fs.rename(a, ROOT_INO, b".tmp-a", ROOT_INO, b"t.md", 0));
+        wait_numbered(&fs, seq0 + 2);
+        // The third fails: the batch is abandoned and the rename runs again on its own.
+        let third = fs.unlink(ME, ROOT_INO, b"missing.md");
+        fs.store().hold_batches(0);
+        assert!(matches!(third, Err(Error::NotFound)), "{third:?}");
+        first.join().unwrap().unwrap();
+        rename.join().unwrap().unwrap();
+    });
+    for c in &mut children {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    assert_eq!(root_files(&fs, ME)["t.md"], b"v3");
+    assert_eq!(fs.conflicts(), 1, "one lost update, counted once");
+    let r = fs.store().read().unwrap();
+    let noted: Vec<_> = r
+        .history(hist0 + 1..=r.last_seq().unwrap())
+        .unwrap()
+        .into_iter()
+        .filter(|h| h.conflict.is_some())
+        .map(|h| h.op)
+        .collect();
+    assert_eq!(noted, ["rename"]);
+    clean(&fs);
+}

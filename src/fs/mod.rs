@@ -246,8 +246,8 @@ struct DirHandle {
 /// What removing an inode's last name does, decided before its transaction commits.
 enum Removal {
     /// Referenced by the kernel or open: it becomes an orphan, reclaimed when the last
-    /// reference and handle are gone (`lifetime`). The slot is the file's, if open.
-    Orphan(Option<Arc<FileSlot>>),
+    /// reference and handle are gone (`lifetime`).
+    Orphan,
     /// Unreferenced: deleted in the same transaction.
     Delete,
 }

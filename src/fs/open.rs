@@ -182,8 +182,17 @@ impl Fs {
         }
         self.writable()?;
         let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
-        self.joinable(|join| {
+        let staged = self.joinable(|join| {
             let mut w = self.write_for(join, g.last_writer.pid, g.writer_name.clone())?;
+            if w.inode(g.ino)?.is_none_or(|i| i.nlink == 0) {
+                // The last name went after the check above: its removal is staged earlier
+                // in the batch this write joined (which may yet fail, so this runs again
+                // alone, after it), or committed.
+                if join.0 {
+                    return Err(Error::Store(StoreError::Retry));
+                }
+                return Ok(false);
+            }
             self.describe(
                 &mut w,
                 g.last_writer,
@@ -198,8 +207,13 @@ impl Fs {
             if let Some(i) = w.inode(g.ino)? {
                 self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
             }
-            self.commit(w, Sync::Durable)
+            self.commit(w, Sync::Durable).map(|()| true)
         })?;
+        if !staged {
+            // Unlinked: nothing of the content is kept, once the removal is durable.
+            f.unlinked.store(true, Ordering::Release);
+            return Ok(self.store.sync()?);
+        }
         g.committed();
         self.unreserve(g);
         self.account(g)?;
@@ -280,23 +294,8 @@ impl Fs {
         w: Option<&mut WriteTxn<'_>>,
     ) -> Result<()> {
         let refuse = self.tracker.mode() == LostUpdates::Refuse;
-        self.tracker.counted();
-        let path = self.path_of(parent);
-        let path = format!("{}/{name}", path.trim_end_matches('/'));
-        let note = format!(
-            "conflict: {}{}",
-            c.describe(),
-            if refuse { " (refused)" } else { "" }
-        );
-        tracing::warn!(
-            op,
-            path,
-            replacer = c.replacer.pid,
-            maker = c.maker_pid(),
-            refused = refuse,
-            "lost update: {}",
-            c.describe()
-        );
+        let path = self.report_lost_update(op, parent, name, c);
+        let note = Self::conflict_note(c, refuse);
         match w {
             Some(w) if !refuse => {
                 w.note_conflict(note);
@@ -320,6 +319,40 @@ impl Fs {
         } else {
             Ok(())
         }
+    }
+
+    /// The history record's note of a lost update.
+    pub(super) fn conflict_note(c: &Conflict, refused: bool) -> String {
+        format!(
+            "conflict: {}{}",
+            c.describe(),
+            if refused { " (refused)" } else { "" }
+        )
+    }
+
+    /// Counts a lost update of `name` in `parent` by `op` and logs its one warn line;
+    /// returns its path.
+    pub(super) fn report_lost_update(
+        &self,
+        op: &'static str,
+        parent: u64,
+        name: &str,
+        c: &Conflict,
+    ) -> String {
+        let refused = self.tracker.mode() == LostUpdates::Refuse;
+        self.tracker.counted();
+        let path = self.path_of(parent);
+        let path = format!("{}/{name}", path.trim_end_matches('/'));
+        tracing::warn!(
+            op,
+            path,
+            replacer = c.replacer.pid,
+            maker = c.maker_pid(),
+            refused,
+            "lost update: {}",
+            c.describe()
+        );
+        path
     }
 
     /// `caller` changes `g`'s content through handle `fh` (`None`: by path): its commit is

@@ -12,13 +12,7 @@ impl Fs {
         let files = lock(&self.files);
         let open = self.is_open(&files, ino);
         match self.lifetimes.claim(ino, open) {
-            Claim::Orphan => {
-                let slot = files.get(&ino).cloned();
-                if let Some(f) = &slot {
-                    f.unlinked.store(true, Ordering::Release);
-                }
-                Removal::Orphan(slot)
-            }
+            Claim::Orphan => Removal::Orphan,
             Claim::Delete => Removal::Delete,
         }
     }
@@ -27,7 +21,7 @@ impl Fs {
     /// file), or deletion.
     pub(super) fn stage_removal(w: &mut WriteTxn<'_>, ino: u64, removal: &Removal) -> Result<()> {
         match removal {
-            Removal::Orphan(_) => {
+            Removal::Orphan => {
                 let mut inode = w.inode(ino)?.ok_or(Error::NotFound)?;
                 inode.nlink = 0;
                 inode.ctime = now_ns();
@@ -39,17 +33,20 @@ impl Fs {
         Ok(())
     }
 
-    /// After the removal's transaction: undoes the claim if it did not commit; an orphan
-    /// whose last reference went meanwhile is reclaimed now.
+    /// After the removal's transaction: undoes the claim if it did not commit. Once it did,
+    /// the open file (if any) is marked unlinked, so its content is committed no more, and
+    /// an orphan whose last reference went meanwhile is reclaimed now. Marked only now: a
+    /// removal staged but not yet committed (a batch's commit is later than its staging)
+    /// may still fail, and until it commits an fsync of the file must commit its content.
     pub(super) fn finish_removal(&self, ino: u64, removal: Removal, committed: bool) {
         match removal {
-            Removal::Orphan(slot) => {
+            Removal::Orphan => {
                 if committed {
+                    if let Some(f) = lock(&self.files).get(&ino) {
+                        f.unlinked.store(true, Ordering::Release);
+                    }
                     self.reclaim_if_unused(ino);
                 } else {
-                    if let Some(f) = slot {
-                        f.unlinked.store(false, Ordering::Release);
-                    }
                     self.lifetimes.unclaim(ino);
                 }
             }

@@ -55,18 +55,19 @@ impl Fs {
     }
 
     /// Replacing file `d` with this move: a lost update is noted on the rename's own record
-    /// and the rename goes on (`record`), or the transaction is given up and the refusal gets
-    /// a record of its own (`refuse`).
+    /// and the rename goes on (`record`; the conflict is returned, to be counted and logged
+    /// once the rename commits, since a batch it joined may make it run again), or the
+    /// transaction is given up and the refusal gets a record of its own (`refuse`).
     fn check_lost_update<'s>(
         &'s self,
         caller: Caller,
         mut w: WriteTxn<'s>,
         m: &Move<'_>,
         d: u64,
-    ) -> Result<WriteTxn<'s>> {
+    ) -> Result<(WriteTxn<'s>, Option<Conflict>)> {
         let name = m.new_name.as_str();
         let Some(c) = self.tracker.check(caller.pid, d, m.new_parent, name) else {
-            return Ok(w);
+            return Ok((w, None));
         };
         if self.tracker.mode() == LostUpdates::Refuse {
             drop(w);
@@ -78,8 +79,8 @@ impl Fs {
                 maker: c.maker_pid(),
             });
         }
-        self.lost_update(caller, "rename", m.new_parent, name, &c, Some(&mut w))?;
-        Ok(w)
+        w.note_conflict(Self::conflict_note(&c, false));
+        Ok((w, Some(c)))
     }
 
     /// Whether `dst` (of kind `dk`) may be replaced by a `src_kind`: a file by a file, an
@@ -188,9 +189,10 @@ impl Fs {
             };
             self.check_move(&mut w, &mv, dst)?;
             let mut removal = None;
+            let mut conflict = None;
             if let Some((d, _)) = dst {
                 if src_kind == Kind::File {
-                    w = self.check_lost_update(caller, w, &mv, d)?;
+                    (w, conflict) = self.check_lost_update(caller, w, &mv, d)?;
                 }
                 removal = Some((d, self.claim_removal(d)));
             }
@@ -212,6 +214,9 @@ impl Fs {
                 self.finish_removal(d, r, res.is_ok());
             }
             if res.is_ok() && src_kind == Kind::File {
+                if let Some(c) = &conflict {
+                    self.report_lost_update("rename", new_parent, new_name.as_str(), c);
+                }
                 self.tracker
                     .renamed(caller.pid, src, new_parent, new_name.as_str());
             }

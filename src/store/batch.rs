@@ -81,7 +81,7 @@ pub(super) struct Batch {
     waiting: usize,
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 enum Outcome {
     Committed,
     Retry,
@@ -115,7 +115,8 @@ thread_local! {
 
 impl Store {
     /// Tests: a batch commits only once it holds `n` operations (0: as usual), its last
-    /// operation so far waiting for the next joiner meanwhile.
+    /// operation so far waiting for the next joiner meanwhile; until a batch is abandoned,
+    /// whose operations then run again on their own (which a hold would stall).
     #[doc(hidden)]
     pub fn hold_batches(&self, n: usize) {
         lock(&self.batches.state).hold = n;
@@ -187,6 +188,9 @@ impl Store {
     fn end_batch(&self, id: u64, waiting: usize, outcome: Outcome) {
         let slot = &self.batches;
         let mut st = lock(&slot.state);
+        if outcome == Outcome::Retry {
+            st.hold = 0;
+        }
         if waiting > 0 {
             st.ended.insert(id, (outcome, waiting));
         }
