@@ -406,7 +406,7 @@ fn kill_large_writes() {
     );
 }
 
-// ---- unlinked while open (issue 3, item 7) ----
+// ---- unlinked while open ----
 
 fn status(target: &Path) -> serde_json::Value {
     let out = common::redbfs(&["status", target.to_str().unwrap(), "--json"]);

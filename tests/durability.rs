@@ -1,4 +1,4 @@
-//! Durability beyond kills (issue 3, items 3, 4 and 6):
+//! Durability beyond kills:
 //!
 //! - `fsync_reaches_the_disk`: the daemon runs in the foreground under strace; every
 //!   acknowledged fsync (and every close that committed content) must have an fsync or
@@ -430,7 +430,7 @@ fn sdk_create(path: &Path, data: &[u8]) -> Outcome {
     Outcome::Saved
 }
 
-/// Fills the mount until a write fails, then checks the promises of issue 3, item 4: the
+/// Fills the mount until a write fails, then checks the full-disk promises: the
 /// failure is ENOSPC at write, close or fsync; the daemon keeps answering; everything saved
 /// before reads back whole; deleting files succeeds and frees room, after which writes succeed
 /// again; all of it survives a remount and the store checks clean. Every broken promise is
@@ -878,7 +878,7 @@ fn concurrency_soak() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// I/O errors (issue 3, item 5)
+// I/O errors
 //
 // Uses the daemon's test-only hook (src/store/fault.rs): with REDBFS_FAULT_INJECTION=1 in the
 // environment of `redbfs mount`, the store is opened over a StorageBackend wrapping redb's

@@ -437,7 +437,7 @@ fn redbfs_without_fuse(args: &[&str]) -> std::process::Output {
         .expect("run unshare (util-linux)")
 }
 
-/// Issue 12, item 5: a mount refused for a mountpoint holding files left the daemon's log
+/// Regression: a mount refused for a mountpoint holding files left the daemon's log
 /// beside the store; one that failed at mount(2) left a 4 MiB write-ahead log, a socket and a
 /// new store. A refused or failed mount now leaves nothing it created, and an existing store
 /// keeps its content.
@@ -492,7 +492,7 @@ fn a_refused_or_failed_mount_leaves_nothing_behind() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "kept");
 }
 
-/// Issue 12, item 6: `redbfs mount x/m --store x/s.redb` with no `x` said only "the daemon
+/// Regression: `redbfs mount x/m --store x/s.redb` with no `x` said only "the daemon
 /// exited before mounting (see its log)", and no log could exist: the daemon died opening its
 /// log beside a store whose directory it had not made yet. The directory is made now, and
 /// every reason a daemon gives up before the mount answers reaches the terminal in one line.
@@ -592,7 +592,7 @@ fn deep_tree(top: &Path, levels: usize) {
     std::fs::File::from(f).write_all(b"deep").unwrap();
 }
 
-/// Issue 12, item 7: importing a tree 2,030 levels deep into a mounted store overflowed the
+/// Regression: importing a tree 2,030 levels deep into a mounted store overflowed the
 /// daemon's control thread and killed it, and nothing kept the store within `--max-depth`.
 /// The walk is iterative and stops at the store's depth limit, listing what it skips; `du` and
 /// `tree` walk iteratively too.
@@ -632,7 +632,7 @@ fn import_of_a_very_deep_tree_keeps_the_depth_limit_and_the_daemon() {
         .status();
 }
 
-/// Issue 12, item 7: `redbfs import` held the store's write transaction while it read the
+/// Regression: `redbfs import` held the store's write transaction while it read the
 /// source, so importing from the mount itself deadlocked every writer. The source is read and
 /// staged first; the commit reads only the staged copy.
 #[test]
@@ -673,7 +673,7 @@ fn import_from_inside_the_same_mount_works() {
     std::fs::write(m.path("memories/c.md"), "writers carry on").unwrap();
 }
 
-/// Issue 12, item 7: the control socket had no limits (a 100 MB line grew the daemon by
+/// Regression: the control socket had no limits (a 100 MB line grew the daemon by
 /// 119 MB; 2,000 idle connections made 2,000 threads). A line is at most 1 MiB, a line that
 /// is not UTF-8 gets an error, at most 16 connections are served at once (the next one gets an
 /// error line), and a connection idle for 30 s is closed.
@@ -733,7 +733,7 @@ fn the_control_socket_has_limits() {
     }
 }
 
-/// Issue 12, item 7: `redbfs unmount .` from inside the mount detached it lazily and then
+/// Regression: `redbfs unmount .` from inside the mount detached it lazily and then
 /// waited 5 minutes for a daemon that could not exit. It says at once that the mount is busy.
 #[test]
 fn unmount_from_inside_the_mount_says_busy_at_once() {
@@ -751,7 +751,7 @@ fn unmount_from_inside_the_mount_says_busy_at_once() {
     std::fs::write(m.path("memories/x"), "1").unwrap();
 }
 
-/// Issue 12, item 7: near a full disk the daemon wrote a warn line for every refused write
+/// Regression: near a full disk the daemon wrote a warn line for every refused write
 /// (13,800 lines). The same refusal is logged once per interval, with the count it left out.
 #[test]
 fn repeated_refusals_are_logged_once_per_interval() {

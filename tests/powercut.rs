@@ -1,4 +1,4 @@
-//! Power cuts (issue 12, item 1). A SIGKILL keeps the page cache, so the kill tests never
+//! Power cuts. A SIGKILL keeps the page cache, so the kill tests never
 //! lose an unsynced write; these do. The store file and its write-ahead log live on a
 //! simulated disk (`redbfs::store::sim`) that keeps every write since the last sync in a
 //! volatile layer: at a crash point it keeps a random subset of them, each possibly torn at

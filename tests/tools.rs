@@ -564,7 +564,7 @@ fn small_store(dir: &Path, store: &Path, big: usize) {
     std::fs::remove_dir_all(&src).unwrap();
 }
 
-/// Issue 12, item 8: `redbfs export STORE --tar STORE` truncated the store (on a mounted store
+/// Regression: `redbfs export STORE --tar STORE` truncated the store (on a mounted store
 /// it overwrote the live file), and a failed export left its partial output. An export never
 /// writes over a store or a file kept beside one, `--force` or not, and leaves nothing behind
 /// when it fails.
@@ -627,7 +627,7 @@ fn export_never_writes_over_a_store_and_leaves_nothing_when_it_fails() {
     );
 }
 
-/// Issue 12, item 8: a failed `import --strict` into a new store left an empty store.
+/// Regression: a failed `import --strict` into a new store left an empty store.
 #[test]
 fn a_failed_strict_import_leaves_no_store() {
     let dir = tempfile::tempdir().unwrap();
@@ -647,7 +647,7 @@ fn a_failed_strict_import_leaves_no_store() {
     assert_eq!(left, ["src"]);
 }
 
-/// Issue 12, item 8: `ls` rewrote 146 header bytes of the store it listed (redb writes its
+/// Regression: `ls` rewrote 146 header bytes of the store it listed (redb writes its
 /// header when it opens a file read-write), and `restore` changed the snapshot it checked.
 /// Every read-only command leaves the store's bytes as they were, and a snapshot its owner
 /// cannot write (0444) can still be listed and restored.
