@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::core_fs::{root_files, try_write_file};
+use common::core_fs::{crash_copy, root_files, try_write_file};
 use redbfs::fs::{Caller, Error, Fs, Limits};
-use redbfs::store::{ROOT_INO, Store, wal};
+use redbfs::store::{ROOT_INO, Store};
 
 const ME: Caller = Caller {
     uid: 0,
@@ -64,11 +64,10 @@ fn clean(fs: &Fs) {
 }
 
 /// A crash now: the store file and its log as they are, opened again (the log replayed).
-fn crash_copy(dir: &tempfile::TempDir, path: &std::path::Path) -> Fs {
-    let crashed = dir.path().join("crashed.redb");
-    std::fs::copy(path, &crashed).unwrap();
-    std::fs::copy(wal::path_of(path), wal::path_of(&crashed)).unwrap();
-    open(&crashed)
+fn crashed(path: &std::path::Path) -> Fs {
+    let to = path.with_file_name("crashed.redb");
+    crash_copy(path, &to);
+    open(&to)
 }
 
 #[test]
@@ -142,7 +141,7 @@ fn operations_of_several_threads_share_one_redb_commit_each_its_own_record() {
     clean(&fs);
 
     // The log replays the batches' records one by one to the same store.
-    let recovered = crash_copy(&dir, &path);
+    let recovered = crashed(&path);
     assert_eq!(root_files(&recovered, ME), want);
     assert_eq!(
         recovered.store().read().unwrap().last_seq().unwrap(),
@@ -185,7 +184,7 @@ fn an_operation_failing_inside_a_batch_leaves_the_others_committed_once() {
             .all(|(_, o, _)| ["mkdir", "create", "write"].contains(&o.as_str()))
     );
     clean(&fs);
-    let recovered = crash_copy(&dir, &path);
+    let recovered = crashed(&path);
     assert_eq!(root_files(&recovered, ME), got);
     clean(&recovered);
 }
@@ -239,7 +238,7 @@ fn an_operation_refused_after_writing_inside_a_batch_leaves_the_others_committed
         "the refused operation kept no number"
     );
     clean(&fs);
-    let recovered = crash_copy(&dir, &path);
+    let recovered = crashed(&path);
     assert_eq!(root_files(&recovered, ME), got);
     clean(&recovered);
 }
@@ -264,7 +263,7 @@ fn an_fsync_while_the_files_unlink_waits_in_a_batch_returns_only_once_either_is_
         // The fsync may neither trust the removal (its batch can still fail) nor write into
         // it: it returns once its content or the removal is durable.
         let synced = fs.fsync(fh);
-        let durable = root_files(&crash_copy(&dir, &path), ME);
+        let durable = root_files(&crashed(&path), ME);
         fs.store().hold_batches(0);
         unlink.join().unwrap().unwrap();
         synced.unwrap();

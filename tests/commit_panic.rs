@@ -14,10 +14,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 mod common;
 
-use common::core_fs::{root_files, try_write_file};
+use common::core_fs::{crash_copy, root_files, try_write_file};
 use redbfs::fs::{Caller, Fs, Limits};
 use redbfs::store::fault::PanicAt;
-use redbfs::store::{ROOT_INO, Store, wal};
+use redbfs::store::{ROOT_INO, Store};
 
 const ME: Caller = Caller {
     uid: 0,
@@ -81,8 +81,7 @@ fn a_panic_anywhere_in_a_commit_fails_the_log_and_loses_nothing_acknowledged() {
 
         // A crash now: the store file and its log as they are.
         let crashed = dir.path().join("crashed.redb");
-        std::fs::copy(&path, &crashed).unwrap();
-        std::fs::copy(wal::path_of(&path), wal::path_of(&crashed)).unwrap();
+        crash_copy(&path, &crashed);
         drop(fs);
         let fs = open(&crashed);
         let mut got = root_files(&fs, ME);
@@ -163,8 +162,7 @@ fn a_panic_inside_a_batch_fails_the_log_and_loses_nothing_acknowledged() {
         );
 
         let crashed = dir.path().join("crashed.redb");
-        std::fs::copy(&path, &crashed).unwrap();
-        std::fs::copy(wal::path_of(&path), wal::path_of(&crashed)).unwrap();
+        crash_copy(&path, &crashed);
         drop(fs);
         let fs = open(&crashed);
         let mut got = root_files(&fs, ME);

@@ -5,6 +5,8 @@ use redbfs::store::{Kind, ROOT_INO, Store, wal};
 
 mod common;
 
+use common::core_fs::crash_copy;
+
 const ME: Caller = Caller {
     uid: 1000,
     gid: 1000,
@@ -587,14 +589,6 @@ fn explicit_mtime_wins_over_a_concurrent_flush_of_earlier_writes() {
 }
 
 // ---- the write-ahead log ----
-
-/// What a crash at this moment leaves of the open store `from`: its file and its log, copied
-/// to `to` while the store is open (a killed process leaves the page cache behind, and the
-/// copy reads just that).
-fn crash_copy(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::copy(from, to).unwrap();
-    std::fs::copy(wal::path_of(from), wal::path_of(to)).unwrap();
-}
 
 /// Opens the store at `path` and checks that directory `dir` holds `expected` and that the
 /// store's invariants hold.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
-use crate::store::{CHUNK_SIZE, Store, WriteTxn};
+use crate::store::{CHUNK_SIZE, Inode, Store, WriteTxn};
 
 use super::error::{Error, Result};
 
@@ -234,10 +234,8 @@ impl OpenFile {
     }
 
     /// Writes the buffered content into `w`; the caller commits and then calls `committed`.
-    pub fn stage(&self, w: &mut WriteTxn<'_>) -> Result<()> {
-        let Some(mut inode) = w.inode(self.ino)? else {
-            return Err(Error::NotFound);
-        };
+    /// Stages the buffered content into `w` over `inode`, this file's record as `w` holds it.
+    pub fn stage(&self, w: &mut WriteTxn<'_>, mut inode: Inode) -> Result<()> {
         if let Some(d) = self.drop_from {
             w.remove_chunks_from(self.ino, d)?;
         }

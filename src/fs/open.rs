@@ -184,7 +184,7 @@ impl Fs {
         let large = g.buffered_bytes() >= RETURN_MEMORY_AFTER;
         let staged = self.joinable(|join| {
             let mut w = self.write_for(join, g.last_writer.pid, g.writer_name.clone())?;
-            if w.inode(g.ino)?.is_none_or(|i| i.nlink == 0) {
+            let Some(inode) = w.inode(g.ino)?.filter(|i| i.nlink > 0) else {
                 // The last name went after the check above: its removal is staged earlier
                 // in the batch this write joined (which may yet fail, so this runs again
                 // alone, after it), or committed.
@@ -192,7 +192,8 @@ impl Fs {
                     return Err(Error::Store(StoreError::Retry));
                 }
                 return Ok(false);
-            }
+            };
+            let (parent, name) = (inode.parent, inode.name.clone());
             self.describe(
                 &mut w,
                 g.last_writer,
@@ -202,11 +203,9 @@ impl Fs {
                 g.committed_size,
                 g.size,
             );
-            g.stage(&mut w)?;
+            g.stage(&mut w, inode)?;
             // Under the write lock, so a replace checked after this commit sees it.
-            if let Some(i) = w.inode(g.ino)? {
-                self.tracker.wrote(g.writer, g.ino, i.parent, &i.name);
-            }
+            self.tracker.wrote(g.writer, g.ino, parent, &name);
             self.commit(w, Sync::Durable).map(|()| true)
         })?;
         if !staged {

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use std::path::Path;
+
 use redbfs::fs::{Caller, Fs};
 
 /// Creates `name` in `parent` with `mode`, writes `data`, makes it durable with an fsync
@@ -68,4 +70,13 @@ pub fn root_files(fs: &Fs, who: Caller) -> BTreeMap<String, Vec<u8>> {
             (e.name.clone(), data)
         })
         .collect()
+}
+
+/// What a crash at this moment leaves of the open store `from`: its file and its
+/// write-ahead log, copied to `to` while the store is open (a killed process leaves the page
+/// cache behind, and the copy reads just that). Opening `to` replays the log.
+pub fn crash_copy(from: &Path, to: &Path) {
+    let wal = redbfs::store::wal::path_of;
+    std::fs::copy(from, to).unwrap();
+    std::fs::copy(wal(from), wal(to)).unwrap();
 }
