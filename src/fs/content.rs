@@ -192,6 +192,13 @@ impl OpenFile {
             let within = (pos % CHUNK_SIZE) as usize;
             let n = rest.len().min(CHUNK_SIZE as usize - within);
             let chunk = self.chunk_mut(store, idx)?;
+            // Grown as a Vec grows, but never past a chunk: doubling a chunk written in two
+            // parts could take twice its size (and an mmap of its own from the allocator).
+            let need = within + n;
+            if need > chunk.capacity() {
+                let target = need.max((2 * chunk.capacity()).min(CHUNK_SIZE as usize));
+                chunk.reserve_exact(target - chunk.len());
+            }
             if chunk.len() < within {
                 chunk.resize(within, 0);
             }
@@ -350,5 +357,32 @@ impl Spill {
         let data = self.read(idx)?;
         self.chunks.remove(&idx);
         Ok(data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sequential writes that straddle chunk boundaries fill each chunk in two parts: the
+    /// buffer holds at most a chunk's worth of memory per chunk, so `--max-buffer` counts
+    /// what the content needs rather than what a doubling allocator reserved.
+    #[test]
+    fn a_chunk_written_in_parts_holds_no_more_than_a_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        let mut f = OpenFile::new(2, 0);
+        // 48 KiB writes: a chunk's first part is often more than half of it.
+        let block = vec![7u8; 48 << 10];
+        for i in 0..64u64 {
+            f.write(&store, i * (48 << 10), &block, 1).unwrap();
+        }
+        let chunks = (64u64 * (48 << 10)).div_ceil(CHUNK_SIZE) as usize;
+        assert_eq!(f.dirty.len(), chunks);
+        for c in f.dirty.values() {
+            assert!(c.capacity() <= CHUNK_SIZE as usize, "{}", c.capacity());
+        }
+        assert!(f.buffered_bytes() <= chunks * CHUNK_SIZE as usize);
+        assert_eq!(f.read(&store, (1 << 20) - 5, 10).unwrap(), vec![7u8; 10]);
     }
 }
