@@ -81,12 +81,10 @@ pub fn stat(pid: u32) -> Option<Stat> {
     if pid == 0 {
         return None;
     }
-    // About 300 bytes, and the start time comes within the first 450 whatever the fields
-    // hold; a read that ends inside the start time's digits is not enough (see `parse_stat`).
-    let mut buf = [0u8; 1024];
-    parse_stat(read_proc(pid, "stat", &mut buf, |r| {
-        stat_fields(r).is_some()
-    })?)
+    read_stat(pid, "stat", |raw, (open, close, start)| Stat {
+        name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
+        start,
+    })
 }
 
 /// Task `tid`'s start time alone (as `stat` gives it), with no copy of its name.
@@ -94,9 +92,25 @@ pub fn start(tid: u32) -> Option<u64> {
     if tid == 0 {
         return None;
     }
+    read_stat(tid, "stat", |_, (_, _, start)| start)
+}
+
+/// Reads `/proc/{pid}/{file}`, a stat line, and gives `take` its text and its fields (see
+/// `stat_span`). About 300 bytes, and the start time comes within the first 450 whatever
+/// the fields hold; a read that ends inside the start time's digits is not enough. The
+/// fields found when the text was enough are kept: the line is parsed once.
+fn read_stat<T>(
+    pid: u32,
+    file: &str,
+    take: impl FnOnce(&[u8], (usize, usize, u64)) -> T,
+) -> Option<T> {
     let mut buf = [0u8; 1024];
-    let raw = read_proc(tid, "stat", &mut buf, |r| stat_fields(r).is_some())?;
-    stat_fields(raw).map(|(_, start)| start)
+    let found = Cell::new(None);
+    let raw = read_proc(pid, file, &mut buf, |r| {
+        found.set(stat_span(r));
+        found.get().is_some()
+    })?;
+    Some(take(raw, found.get()?))
 }
 
 /// Task `pid`'s name (`comm`, as `stat` gives it), from `/proc/PID/comm`: a smaller read for
@@ -114,27 +128,45 @@ pub fn name(pid: u32) -> Option<String> {
 
 /// Parses the text of `/proc/PID/stat`: `pid (name) state ppid ... starttime ...`.
 pub fn parse_stat(raw: &[u8]) -> Option<Stat> {
-    let (name, start) = stat_fields(raw)?;
+    let (open, close, start) = stat_span(raw)?;
     Some(Stat {
-        name: String::from_utf8_lossy(name).into_owned(),
+        name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
         start,
     })
 }
 
-/// The name and the start time in the text of `/proc/PID/stat`, without copying.
-fn stat_fields(raw: &[u8]) -> Option<(&[u8], u64)> {
+/// Where the name lies in the text of `/proc/PID/stat` (from, to) and the start time. One
+/// pass over the bytes after the name: every open for reading and every durable operation
+/// asks.
+fn stat_span(raw: &[u8]) -> Option<(usize, usize, u64)> {
     let open = raw.iter().position(|&b| b == b'(')?;
     let close = raw.iter().rposition(|&b| b == b')')?;
     if close < open {
         return None;
     }
-    let rest = std::str::from_utf8(&raw[close + 1..]).ok()?;
     // The fields after the name are numbered from 3 (state); the start time is field 22,
     // taken only when a field follows it, so a text cut short inside its digits is refused.
-    let mut fields = rest.split_ascii_whitespace().skip(22 - 3);
-    let start = fields.next()?.parse().ok()?;
+    let mut fields = raw[close + 1..]
+        .split(u8::is_ascii_whitespace)
+        .filter(|f| !f.is_empty())
+        .skip(22 - 3);
+    let start = decimal(fields.next()?)?;
     fields.next()?;
-    Some((&raw[open + 1..close], start))
+    Some((open + 1, close, start))
+}
+
+/// A field of ASCII digits as a number; `None` for anything else or an overflow.
+fn decimal(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
 }
 
 /// Thread `tid`'s stat, read as a thread of process `tgid` (`/proc/TGID/task/TID/stat`):
@@ -144,13 +176,14 @@ pub fn task_stat(tgid: u32, tid: u32) -> Option<Stat> {
     if tgid == 0 || tid == 0 {
         return None;
     }
-    let mut buf = [0u8; 1024];
-    parse_stat(read_proc(
+    read_stat(
         tgid,
         &format!("task/{tid}/stat"),
-        &mut buf,
-        |r| stat_fields(r).is_some(),
-    )?)
+        |raw, (open, close, start)| Stat {
+            name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
+            start,
+        },
+    )
 }
 
 /// Whether a task whose start time is `start` (clock ticks since boot, as `Stat::start`)
@@ -234,6 +267,27 @@ pub fn of_thread(tid: u32, tid_start: u64) -> Option<ProcessId> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_time_is_plain_digits_that_fit() {
+        let line = |start: &str| {
+            format!("7 (x y) S 1 7 7 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 1 0 {start} 12345 678\n")
+        };
+        assert_eq!(
+            parse_stat(line("987654").as_bytes()).map(|s| s.start),
+            Some(987654)
+        );
+        // Runs of whitespace separate fields as single spaces do.
+        let spaced = line("42").replace(" 0 0 0 5 ", "  0\t0 0 5 ");
+        assert_eq!(parse_stat(spaced.as_bytes()).map(|s| s.start), Some(42));
+        for bad in ["12a", "-1", "+1", "18446744073709551616"] {
+            assert_eq!(parse_stat(line(bad).as_bytes()), None, "{bad}");
+        }
+        assert_eq!(
+            parse_stat(line("18446744073709551615").as_bytes()).map(|s| s.start),
+            Some(u64::MAX)
+        );
+    }
 
     #[test]
     fn the_name_may_hold_spaces_parentheses_and_escapes() {

@@ -199,7 +199,12 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
             .with(layer.with_writer(std::io::stderr))
             .init(),
     }
-    // fuser logs through the `log` crate.
-    let _ = tracing_log::LogTracer::init();
+    // fuser logs through the `log` crate, a debug line per request. `log` checks its own
+    // maximum level before anything else, so it is set to the most verbose level any target
+    // is logged at: a line no target wants costs one comparison, not a trip through the
+    // subscriber's filter on every request.
+    use tracing_log::AsLog;
+    let max = tracing::level_filters::LevelFilter::current().as_log();
+    let _ = tracing_log::LogTracer::builder().with_max_level(max).init();
     Ok(())
 }

@@ -168,7 +168,11 @@ impl Tracker {
     /// One read of `/proc/TID/stat` tells whether the cached thread is still the one holding
     /// the tid; a new thread is looked up outside the lock.
     pub fn identify(&self, tid: u32) -> Option<ProcessId> {
-        self.identify_named(tid).map(|(p, _)| p)
+        if self.mode == LostUpdates::Off || tid == 0 {
+            return None;
+        }
+        // The start time alone: the name would be copied for nothing.
+        self.identify_started(tid, process::start(tid)?)
     }
 
     /// `identify`, with the thread's name (`comm`) from the same read of /proc.
@@ -177,11 +181,15 @@ impl Tracker {
             return None;
         }
         let stat = process::stat(tid)?;
-        let now = stat.start;
+        Some((self.identify_started(tid, stat.start)?, stat.name))
+    }
+
+    /// The process of thread `tid`, which /proc says started at `now`.
+    fn identify_started(&self, tid: u32, now: u64) -> Option<ProcessId> {
         if let Some((start, p)) = lock(&self.state).threads.get(&tid)
             && *start == now
         {
-            return Some((*p, stat.name));
+            return Some(*p);
         }
         let p = process::of_thread(tid, now)?;
         let mut s = lock(&self.state);
@@ -189,7 +197,7 @@ impl Tracker {
             s.threads.clear();
         }
         s.threads.insert(tid, (now, p));
-        Some((p, stat.name))
+        Some(p)
     }
 
     /// Thread `tid` opened inode `ino`, named `name` in `parent`, for reading.

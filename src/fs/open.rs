@@ -6,13 +6,20 @@ use super::*;
 impl Fs {
     /// Registers one more user of `ino`'s buffered content.
     pub(super) fn acquire(&self, ino: u64) -> Result<Arc<FileSlot>> {
-        self.acquire_or(ino, None)
+        self.acquire_or(ino, None).map(|(f, _)| f)
     }
 
     /// `acquire`, or, for an inode the store no longer holds, a slot made from `pinned` (a
     /// follower's earlier version that a handle will read from).
-    fn acquire_or(&self, ino: u64, pinned: Option<&Pinned>) -> Result<Arc<FileSlot>> {
+    /// Also the inode as the store holds it when this read it to open the file's slot (an
+    /// open's own read of it, taken under the map lock), `None` when the slot was open.
+    fn acquire_or(
+        &self,
+        ino: u64,
+        pinned: Option<&Pinned>,
+    ) -> Result<(Arc<FileSlot>, Option<Inode>)> {
         let mut map = lock(&self.files);
+        let mut stored = None;
         let f = match map.get(&ino) {
             Some(f) => f.clone(),
             None => {
@@ -22,7 +29,10 @@ impl Fs {
                     return Err(Error::NotFound);
                 }
                 let inode = match (self.store.read()?.inode(ino)?, pinned) {
-                    (Some(i), _) => i,
+                    (Some(i), _) => {
+                        stored = Some(i.clone());
+                        i
+                    }
                     (None, Some(p)) => p.txn.inode(ino)?.ok_or(Error::NotFound)?,
                     (None, None) => return Err(Error::NotFound),
                 };
@@ -37,7 +47,7 @@ impl Fs {
             }
         };
         f.handles.fetch_add(1, Ordering::AcqRel);
-        Ok(f)
+        Ok((f, stored))
     }
 
     /// Drops one user of an open file: the last one commits what is buffered and leaves, and
@@ -227,13 +237,17 @@ impl Fs {
             self.writable()?;
         }
         let pinned = self.pin_version(ino)?;
-        let f = self.acquire_or(ino, pinned.as_deref())?;
-        let stored = match self.store.read().and_then(|r| r.inode(ino)) {
-            Ok(i) => i,
-            Err(e) => {
-                self.release_file(&f);
-                return Err(e.into());
-            }
+        let (f, read) = self.acquire_or(ino, pinned.as_deref())?;
+        // A slot just opened read the inode already, in this request: one read transaction.
+        let stored = match read {
+            Some(i) => Some(i),
+            None => match self.store.read().and_then(|r| r.inode(ino)) {
+                Ok(i) => i,
+                Err(e) => {
+                    self.release_file(&f);
+                    return Err(e.into());
+                }
+            },
         };
         if let Some(i) = &stored {
             if mode.truncate
