@@ -81,10 +81,7 @@ pub fn stat(pid: u32) -> Option<Stat> {
     if pid == 0 {
         return None;
     }
-    read_stat(pid, "stat", |raw, (open, close, start)| Stat {
-        name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
-        start,
-    })
+    read_stat(pid, "stat", stat_of)
 }
 
 /// Task `tid`'s start time alone (as `stat` gives it), with no copy of its name.
@@ -128,11 +125,15 @@ pub fn name(pid: u32) -> Option<String> {
 
 /// Parses the text of `/proc/PID/stat`: `pid (name) state ppid ... starttime ...`.
 pub fn parse_stat(raw: &[u8]) -> Option<Stat> {
-    let (open, close, start) = stat_span(raw)?;
-    Some(Stat {
+    Some(stat_of(raw, stat_span(raw)?))
+}
+
+/// The stat of a stat line `raw` whose fields `stat_span` found.
+fn stat_of(raw: &[u8], (open, close, start): (usize, usize, u64)) -> Stat {
+    Stat {
         name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
         start,
-    })
+    }
 }
 
 /// Where the name lies in the text of `/proc/PID/stat` (from, to) and the start time. One
@@ -176,14 +177,7 @@ pub fn task_stat(tgid: u32, tid: u32) -> Option<Stat> {
     if tgid == 0 || tid == 0 {
         return None;
     }
-    read_stat(
-        tgid,
-        &format!("task/{tid}/stat"),
-        |raw, (open, close, start)| Stat {
-            name: String::from_utf8_lossy(&raw[open..close]).into_owned(),
-            start,
-        },
-    )
+    read_stat(tgid, &format!("task/{tid}/stat"), stat_of)
 }
 
 /// Whether a task whose start time is `start` (clock ticks since boot, as `Stat::start`)
