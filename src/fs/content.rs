@@ -240,8 +240,8 @@ impl OpenFile {
         self.changed = true;
     }
 
-    /// Writes the buffered content into `w`; the caller commits and then calls `committed`.
-    /// Stages the buffered content into `w` over `inode`, this file's record as `w` holds it.
+    /// Writes the buffered content into `w` over `inode` (this file's record as `w` holds
+    /// it); the caller commits and then calls `committed`.
     pub fn stage(&self, w: &mut WriteTxn<'_>, mut inode: Inode) -> Result<()> {
         if let Some(d) = self.drop_from {
             w.remove_chunks_from(self.ino, d)?;

@@ -252,7 +252,7 @@ impl Fs {
         if let Some(i) = &stored {
             if mode.truncate
                 && let Some(c) = self.tracker.check(caller.pid, ino, i.parent, &i.name)
-                && let Err(e) = self.lost_update(caller, "truncate", i.parent, &i.name, &c, None)
+                && let Err(e) = self.lost_update(caller, "truncate", i.parent, &i.name, &c)
             {
                 self.release_file(&f);
                 return Err(e);
@@ -293,10 +293,11 @@ impl Fs {
         Ok(fh)
     }
 
-    /// A replace (`op`) of `name` in `parent` by `caller` would lose another process's edit:
-    /// one warn line, the count, and the history record (`w`, the replace's own transaction,
-    /// in `record` mode; a record of its own when refused or when the replace has none).
-    /// Err(LostUpdate) when the mode is `refuse`.
+    /// A replace (`op`) of `name` in `parent` by `caller` would lose another process's edit,
+    /// and the replace has no record to carry the note (a truncation, or any refused
+    /// replace): one warn line, the count, and a history record of its own. Err(LostUpdate)
+    /// when the mode is `refuse`. (A rename in `record` mode notes it on its own record:
+    /// `check_lost_update`.)
     pub(super) fn lost_update(
         &self,
         caller: Caller,
@@ -304,26 +305,19 @@ impl Fs {
         parent: u64,
         name: &str,
         c: &Conflict,
-        w: Option<&mut WriteTxn<'_>>,
     ) -> Result<()> {
         let refuse = self.tracker.mode() == LostUpdates::Refuse;
         let path = self.report_lost_update(op, parent, name, c);
-        let note = Self::conflict_note(c, refuse);
-        match w {
-            Some(w) if !refuse => {
+        if self.store.history_on() {
+            let note = Self::conflict_note(c, refuse);
+            let r = self.store.write().map_err(Error::from).and_then(|mut w| {
+                self.describe(&mut w, caller, op, 0, |_| vec![path.clone()], 0, 0);
                 w.note_conflict(note);
+                self.commit(w, Sync::Deferred)
+            });
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "could not record the conflict in the history");
             }
-            _ if self.store.history_on() => {
-                let r = self.store.write().map_err(Error::from).and_then(|mut w| {
-                    self.describe(&mut w, caller, op, 0, |_| vec![path.clone()], 0, 0);
-                    w.note_conflict(note);
-                    self.commit(w, Sync::Deferred)
-                });
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "could not record the conflict in the history");
-                }
-            }
-            _ => {}
         }
         if refuse {
             Err(Error::LostUpdate {

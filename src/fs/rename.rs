@@ -74,7 +74,7 @@ impl Fs {
             // The refusal rests on what the tracker saw, not on what a batch this write
             // joined wrote: it stands, and is not run again (`Fs::joinable`).
             Store::take_abandoned();
-            self.lost_update(caller, "rename", m.new_parent, name, &c, None)?;
+            self.lost_update(caller, "rename", m.new_parent, name, &c)?;
             return Err(Error::LostUpdate {
                 maker: c.maker_pid(),
             });
