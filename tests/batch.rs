@@ -282,24 +282,38 @@ fn an_fsync_while_the_files_unlink_waits_in_a_batch_returns_only_once_either_is_
     clean(&fs);
 }
 
+/// Child processes that end with the test, whether it passes or fails.
+struct Sleepers(Vec<std::process::Child>);
+
+impl Drop for Sleepers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 #[test]
 fn a_rename_run_again_after_its_batch_failed_counts_its_lost_update_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");
     let fs = open(&path);
     // Two processes of their own: the tracker tells processes by pid and start time.
-    let mut children: Vec<std::process::Child> = (0..2)
-        .map(|_| {
-            std::process::Command::new("sleep")
-                .arg("600")
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let children = Sleepers(
+        (0..2)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("600")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
     let who = |i: usize| Caller {
         uid: 0,
         gid: 0,
-        pid: children[i].id(),
+        pid: children.0[i].id(),
     };
     let (a, b) = (who(0), who(1));
     try_write_file(&fs, ME, "t.md", b"v1").unwrap();
@@ -333,10 +347,7 @@ fn a_rename_run_again_after_its_batch_failed_counts_its_lost_update_once() {
         first.join().unwrap().unwrap();
         rename.join().unwrap().unwrap();
     });
-    for c in &mut children {
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
+    drop(children);
     assert_eq!(root_files(&fs, ME)["t.md"], b"v3");
     assert_eq!(fs.conflicts(), 1, "one lost update, counted once");
     let r = fs.store().read().unwrap();
