@@ -7,6 +7,7 @@
 //! removed with it, and everything that reads them (rollback, expiry, redact, the past,
 //! check) takes them a part at a time.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -253,31 +254,91 @@ impl ReadTxn {
         Ok(findings)
     }
 
-    /// Before-images kept without their content (`schema::keep_form`) whose content the
-    /// inode's record after their record does not give back (for check): a later version
-    /// with another checksum, or none.
-    /// Each is read back as it is met, the later links of its run rebuilt once with the
-    /// oldest and kept aside until met (at most 4,096), so memory stays bounded however long
-    /// the history.
+    /// Before-images kept without their content (`schema::keep_form`, `schema::delta_form`)
+    /// whose content the base inode's record after their record does not give back (for
+    /// check): a later version with another checksum, or none.
+    ///
+    /// One scan of the records, newest first, holding each inode's whole record as of the
+    /// point being passed: a kept image is rebuilt from its base's held record, and then
+    /// its own inode's record is the image. Each image is rebuilt once, with no index seek.
+    /// A base not held (never changed by a later record, or let go) is read as `show`
+    /// reads it, through history's key index. At most `HELD_RECORDS_MAX` records are held
+    /// (each at most a record with `INLINE_MAX` bytes of content), so memory stays bounded
+    /// however long the history.
     pub fn kept_content_findings(&self) -> Result<Vec<String>, StoreError> {
+        self.kept_content_findings_holding(HELD_RECORDS_MAX)
+    }
+
+    fn kept_content_findings_holding(&self, max: usize) -> Result<Vec<String>, StoreError> {
         let mut findings = Vec::new();
-        // The later links of each run, rebuilt with the oldest: each is rebuilt once.
-        let mut wholes = super::past::KeptWholes::default();
-        self.for_each_undo(|seq, u| {
-            if let Undo::Inode { ino, old: Some(b) } = u
-                && content_kept(b)
-                && wholes.take(*ino, seq, b).is_none()
-                && self
-                    .past(seq)?
-                    .kept_content_with(*ino, Some(seq), b.clone(), &mut wholes)
-                    .is_err()
-            {
-                findings.push(format!(
-                    "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
-                ));
+        // ino -> its whole record at the point after the record being passed.
+        let mut held: HashMap<u64, Vec<u8>> = HashMap::new();
+        let t = self.tx.open_table(HISTORY).map_err(map_err)?;
+        let parts = self.undo_table()?;
+        for item in t.iter().map_err(map_err)?.rev() {
+            let (k, v) = item.map_err(map_err)?;
+            let r = HistoryRecord::decode(k.value(), v.value())
+                .ok_or_else(|| corrupt("history record", k.value()))?;
+            let seq = r.seq;
+            // Each inode's record before this one (its first image here), applied once all
+            // of this record's images are rebuilt against the point after it; None when
+            // there are more than can be held (everything held is then let go).
+            let mut before: Option<HashMap<u64, Option<Vec<u8>>>> = Some(HashMap::new());
+            each_undo(parts.as_ref(), &r, &mut |u| {
+                let Undo::Inode { ino, old } = u else {
+                    return Ok(());
+                };
+                let whole = match old {
+                    Some(b) if content_kept(b) => {
+                        let base = kept_base(*ino, b);
+                        let whole = match held.get(&base) {
+                            Some(later) => with_kept_content(b, later),
+                            None => self
+                                .past(seq)?
+                                .inode_record(base)
+                                .ok()
+                                .flatten()
+                                .and_then(|later| with_kept_content(b, &later)),
+                        };
+                        match whole {
+                            Some(whole) => Some(whole),
+                            None => {
+                                findings.push(format!(
+                                    "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+                                ));
+                                None
+                            }
+                        }
+                    }
+                    other => other.clone(),
+                };
+                if let Some(m) = &mut before {
+                    if m.len() >= max {
+                        before = None;
+                    } else {
+                        m.entry(*ino).or_insert(whole);
+                    }
+                }
+                Ok(())
+            })?;
+            let Some(before) = before else {
+                held.clear();
+                continue;
+            };
+            for (ino, whole) in before {
+                match whole {
+                    Some(whole) => {
+                        if held.len() >= max {
+                            held.clear();
+                        }
+                        held.insert(ino, whole);
+                    }
+                    None => {
+                        held.remove(&ino);
+                    }
+                }
             }
-            Ok(())
-        })?;
+        }
         Ok(findings)
     }
 
@@ -655,6 +716,9 @@ struct Fold {
 
 /// Wanted entries of history's indexes checked in one merge (about 60 bytes each).
 const INDEX_CHECK_BATCH: usize = 1 << 18;
+
+/// The most inode records `kept_content_findings` holds while it passes the history.
+const HELD_RECORDS_MAX: usize = 4096;
 
 /// A batch of what history's indexes must hold, by the records read so far, and what the
 /// merges found.
@@ -2319,6 +2383,109 @@ mod tests {
             "{found:?}"
         );
         assert_eq!(found.len(), 7, "{found:?}");
+    }
+
+    /// The check of kept images passes the history once, newest first, rebuilding each
+    /// image from the base record it holds: it finds what rebuilding each image through the
+    /// key index (as `show` does) finds, with every record held or none (each base then
+    /// read through the index), with a link in the middle of a run damaged and with a
+    /// file renamed over another (a delta against another inode).
+    #[test]
+    fn the_kept_image_check_finds_what_each_images_own_rebuild_finds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        store.set_keep_history(86_400 * 1_000_000_000).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let text = |v: usize| format!("{}{v:06}{}", "a".repeat(300), "b".repeat(300));
+        // Written and let go by the kernel, so a file renamed over is removed at once.
+        let put = |name: &str, v: usize| {
+            write(&fs, ROOT_INO, name, &text(v));
+            let ino = fs.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+            fs.forget(ino, 2);
+        };
+        for v in 0..30 {
+            put(&format!("f{}.md", v % 3), v);
+            if v % 10 == 9 {
+                put(".tmp", v + 1000);
+                fs.rename(ME, ROOT_INO, b".tmp", ROOT_INO, b"f0.md", 0)
+                    .unwrap();
+            }
+        }
+        let kept = |fs: &Fs| -> Vec<(u64, u64, Vec<u8>)> {
+            let r = fs.store().read().unwrap();
+            let mut out = Vec::new();
+            r.for_each_undo(|seq, u| {
+                if let Undo::Inode { ino, old: Some(b) } = u
+                    && content_kept(b)
+                {
+                    out.push((seq, *ino, b.clone()));
+                }
+                Ok(())
+            })
+            .unwrap();
+            out
+        };
+        let findings = |max: usize| {
+            let r = fs.store().read().unwrap();
+            let mut found = r.kept_content_findings_holding(max).unwrap();
+            found.sort();
+            found
+        };
+        let before = kept(&fs);
+        assert!(before.len() >= 20, "{} kept images", before.len());
+        assert!(
+            before.iter().any(|(_, ino, b)| kept_base(*ino, b) != *ino),
+            "a rename over keeps an image against another inode"
+        );
+        assert_eq!(findings(HELD_RECORDS_MAX), Vec::<String>::new());
+        assert_eq!(findings(1), Vec::<String>::new());
+        // Damage the kept image in the middle of the history.
+        let (seq, ino, _) = before[before.len() / 2].clone();
+        let mut record = None;
+        fs.store()
+            .read()
+            .unwrap()
+            .for_each_record(|r| {
+                if r.seq == seq {
+                    record = Some(r);
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mut record = record.unwrap();
+        for u in &mut record.undo {
+            if let Undo::Inode {
+                ino: i,
+                old: Some(b),
+            } = u
+                && *i == ino
+            {
+                let n = b.len();
+                b[n - 1] ^= 0xff;
+            }
+        }
+        let mut w = fs.store().write().unwrap();
+        w.without_history();
+        w.put_record(&record).unwrap();
+        w.commit(Sync::Durable).unwrap();
+        let want: Vec<String> = {
+            let r = fs.store().read().unwrap();
+            let mut want: Vec<String> = kept(&fs)
+                .into_iter()
+                .filter(|(seq, ino, b)| r.whole_image(*seq, *ino, b).is_err())
+                .map(|(seq, ino, _)| format!(
+                    "history record {seq} keeps inode {ino}'s content as the version after it, which does not match its checksum"
+                ))
+                .collect();
+            want.sort();
+            want
+        };
+        assert!(
+            want.iter()
+                .any(|f| f.starts_with(&format!("history record {seq} ")))
+        );
+        assert_eq!(findings(HELD_RECORDS_MAX), want);
+        assert_eq!(findings(1), want);
     }
 
     /// An import indexes the directory entries it makes where there was a directory before

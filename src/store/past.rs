@@ -155,7 +155,7 @@ impl Past<'_> {
 
     /// The encoded record of `ino` at this point, whole (with its inline chunk, if any): read
     /// from the history record the index entry names when the index left the content there.
-    fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
+    pub(super) fn inode_record(&self, ino: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let Some((seq, image)) = self.inode_image(ino)? else {
             return Ok(None);
         };
@@ -187,24 +187,9 @@ impl Past<'_> {
         seq: Option<u64>,
         image: Vec<u8>,
     ) -> Result<Vec<u8>, StoreError> {
-        self.kept_content_with(ino, seq, image, &mut KeptWholes::default())
-    }
-
-    /// `kept_content`, taking from `wholes` the image of a later link of the run already
-    /// rebuilt (the same bytes, kept by the same record for the same inode), and leaving
-    /// there each later link it rebuilds: `check` rebuilds every kept image of a history,
-    /// oldest first, and each run's links are then rebuilt once, not once per older link.
-    pub(super) fn kept_content_with(
-        &self,
-        ino: u64,
-        seq: Option<u64>,
-        image: Vec<u8>,
-        wholes: &mut KeptWholes,
-    ) -> Result<Vec<u8>, StoreError> {
         let mut at = seq.ok_or_else(|| corrupt("history record", ino))?;
         let mut base = kept_base(ino, &image);
-        // Each link with the inode and the record that keep it.
-        let mut chain = vec![(ino, at, image)];
+        let mut chain = vec![image];
         let mut whole = loop {
             let later = Past {
                 now: self.now,
@@ -215,12 +200,8 @@ impl Past<'_> {
                 .ok_or_else(|| corrupt("history record", ino))?;
             if content_kept(&record) {
                 at = next.ok_or_else(|| corrupt("history record", ino))?;
-                if let Some(whole) = wholes.take(base, at, &record) {
-                    break whole;
-                }
-                let link = base;
                 base = kept_base(base, &record);
-                chain.push((link, at, record));
+                chain.push(record);
                 continue;
             }
             break match next.filter(|_| content_in_record(&record)) {
@@ -230,12 +211,9 @@ impl Past<'_> {
                 None => record,
             };
         };
-        for (k, (link, at, image)) in chain.iter().enumerate().rev() {
+        for image in chain.iter().rev() {
             whole =
                 with_kept_content(image, &whole).ok_or_else(|| corrupt("history record", ino))?;
-            if k > 0 {
-                wholes.keep(*link, *at, image, &whole);
-            }
         }
         Ok(whole)
     }
@@ -361,30 +339,5 @@ impl TreeView for Past<'_> {
         Ok(self
             .inode_record(ino)?
             .and_then(|b| inline_part(&b).map(<[u8]>::to_vec)))
-    }
-}
-
-/// Kept images already rebuilt, by (inode, record): the image as kept and its whole form.
-/// At most `KEPT_WHOLES_MAX` (each at most a record with `INLINE_MAX` bytes of content),
-/// so what a check holds stays bounded however long the history.
-#[derive(Default)]
-pub(super) struct KeptWholes(std::collections::HashMap<(u64, u64), (Vec<u8>, Vec<u8>)>);
-
-const KEPT_WHOLES_MAX: usize = 4096;
-
-impl KeptWholes {
-    /// The whole form of `image`, kept by record `seq` for `ino`, if it was rebuilt (and
-    /// forgets it: each image is asked for once).
-    pub(super) fn take(&mut self, ino: u64, seq: u64, image: &[u8]) -> Option<Vec<u8>> {
-        match self.0.remove(&(ino, seq)) {
-            Some((kept, whole)) if kept == image => Some(whole),
-            _ => None,
-        }
-    }
-
-    fn keep(&mut self, ino: u64, seq: u64, image: &[u8], whole: &[u8]) {
-        if self.0.len() < KEPT_WHOLES_MAX {
-            self.0.insert((ino, seq), (image.to_vec(), whole.to_vec()));
-        }
     }
 }
