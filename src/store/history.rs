@@ -902,10 +902,11 @@ impl SameProcess {
 }
 
 /// Merges `wanted` (sorted as `index` orders its keys) with `index`: `visit` gets each
-/// wanted entry, in order, with the index's value at its key (None: absent). By one ordered
-/// scan of the index between the first and last wanted key, or, where that stretch may hold
-/// many times more entries than are wanted (a long history checked in several batches), by
-/// a lookup per entry.
+/// wanted entry, in order, with the index's value at its key (None: absent). One ordered
+/// pass over the index that steps over up to `STEP_OVER` entries to reach the next wanted
+/// key and seeks past longer gaps: a batch of a long history wants, for each key, a run of
+/// adjacent entries (its records in the batch's span), with the other batches' entries
+/// between the runs, so each run costs one seek and the gaps are never read.
 fn merge_index<K, V, W>(
     index: &redb::ReadOnlyTable<K, V>,
     wanted: Vec<W>,
@@ -916,39 +917,45 @@ where
     K: redb::Key + 'static,
     V: redb::Value + 'static,
 {
-    use redb::ReadableTableMetadata;
     use std::cmp::Ordering::{Equal, Greater, Less};
-    // A scanned entry costs a fraction of a lookup: scan unless the index is this much
-    // larger than the batch.
-    const SCAN_UP_TO: u64 = 8;
-    let (Some(lo), Some(hi)) = (wanted.first(), wanted.last()) else {
-        return Ok(());
-    };
-    if index.len().map_err(map_err)? > SCAN_UP_TO * wanted.len() as u64 {
-        for w in wanted {
-            let held = index.get(key(&w)).map_err(map_err)?;
-            let bytes = held
-                .as_ref()
-                .map(|v| V::as_bytes(&v.value()).as_ref().to_vec());
-            visit(w, bytes.as_deref());
-        }
-        return Ok(());
-    }
-    let mut scan = index.range(key(lo)..=key(hi)).map_err(map_err)?;
-    let mut held = scan.next().transpose().map_err(map_err)?;
+    /// A scanned entry costs a fraction of a seek: step over gaps up to this long.
+    const STEP_OVER: usize = 8;
+    let mut scan: Option<redb::Range<'_, K, V>> = None;
+    let mut held: Option<(redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)> = None;
     for w in wanted {
         let mut found = None;
-        while let Some((k, v)) = &held {
-            let order = K::compare(
-                K::as_bytes(&k.value()).as_ref(),
-                K::as_bytes(&key(&w)).as_ref(),
-            );
+        let mut steps = 0;
+        let mut sought = false;
+        loop {
+            let order = held.as_ref().map(|(k, _)| {
+                K::compare(
+                    K::as_bytes(&k.value()).as_ref(),
+                    K::as_bytes(&key(&w)).as_ref(),
+                )
+            });
             match order {
-                Less => {}
-                Equal => found = Some(V::as_bytes(&v.value()).as_ref().to_vec()),
-                Greater => break,
+                Some(Less) if steps < STEP_OVER || sought => steps += 1,
+                // No entry read yet, or the wanted key is past a long gap: seek to it.
+                Some(Less) | None if !sought && (scan.is_none() || order.is_some()) => {
+                    let mut s = index.range(key(&w)..).map_err(map_err)?;
+                    held = s.next().transpose().map_err(map_err)?;
+                    scan = Some(s);
+                    sought = true;
+                    continue;
+                }
+                // The index ends before this key.
+                Some(Less) | None => break,
+                Some(Equal) => {
+                    found = held
+                        .as_ref()
+                        .map(|(_, v)| V::as_bytes(&v.value()).as_ref().to_vec());
+                }
+                Some(Greater) => break,
             }
-            held = scan.next().transpose().map_err(map_err)?;
+            held = match scan.as_mut() {
+                Some(s) => s.next().transpose().map_err(map_err)?,
+                None => None,
+            };
             if found.is_some() {
                 break;
             }
@@ -2486,6 +2493,72 @@ mod tests {
         );
         assert_eq!(findings(HELD_RECORDS_MAX), want);
         assert_eq!(findings(1), want);
+    }
+
+    /// The merge of wanted entries with an index finds each one's value, or its absence,
+    /// whether the wanted keys are dense, in runs with long gaps between (where it seeks),
+    /// before the first entry, past the last, or the index is empty.
+    #[test]
+    fn the_index_merge_finds_each_wanted_entry_across_gaps_and_runs() {
+        const T: redb::TableDefinition<(&[u8], u64), &[u8]> = redb::TableDefinition::new("t");
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let mut held = std::collections::BTreeMap::new();
+        {
+            let w = db.begin_write().unwrap();
+            let mut t = w.open_table(T).unwrap();
+            for k in 0..20u8 {
+                for seq in (0..200u64).step_by(usize::from(k % 3) + 1) {
+                    let value = format!("{k}:{seq}");
+                    t.insert((&[b'k', k][..], seq), value.as_bytes()).unwrap();
+                    held.insert((vec![b'k', k], seq), value.into_bytes());
+                }
+            }
+            drop(t);
+            w.commit().unwrap();
+        }
+        let r = redb::ReadableDatabase::begin_read(&db).unwrap();
+        let t = r.open_table(T).unwrap();
+        let merged = |wanted: Vec<(Vec<u8>, u64)>| {
+            let mut got = Vec::new();
+            merge_index(
+                &t,
+                wanted.clone(),
+                |w| (w.0.as_slice(), w.1),
+                |w, v| {
+                    got.push((w, v.map(<[u8]>::to_vec)));
+                },
+            )
+            .unwrap();
+            let want: Vec<_> = wanted
+                .into_iter()
+                .map(|w| {
+                    let v = held.get(&w).cloned();
+                    (w, v)
+                })
+                .collect();
+            assert_eq!(got, want);
+        };
+        // Every entry, and absent ones between them.
+        let mut all: Vec<(Vec<u8>, u64)> = (0..21u8)
+            .flat_map(|k| (0..201u64).map(move |seq| (vec![b'k', k], seq)))
+            .collect();
+        all.insert(0, (b"a".to_vec(), 0));
+        all.push((b"z".to_vec(), 0));
+        merged(all.clone());
+        // Runs of a few seqs per key, with the rest of each key's entries between them.
+        merged(
+            all.iter()
+                .filter(|(_, seq)| (90..96).contains(seq))
+                .cloned()
+                .collect(),
+        );
+        // Sparse: every 37th.
+        merged(all.iter().step_by(37).cloned().collect());
+        // Only past the end, only before the start, nothing.
+        merged(vec![(b"z".to_vec(), 1)]);
+        merged(vec![(b"a".to_vec(), 1)]);
+        merged(Vec::new());
     }
 
     /// An import indexes the directory entries it makes where there was a directory before
