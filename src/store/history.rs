@@ -917,48 +917,47 @@ where
     K: redb::Key + 'static,
     V: redb::Value + 'static,
 {
-    use std::cmp::Ordering::{Equal, Greater, Less};
+    use std::cmp::Ordering::{Equal, Less};
+    /// The next entry of the index's scan (None: ended, or none started).
+    #[allow(clippy::type_complexity)]
+    fn next<'a, K: redb::Key + 'static, V: redb::Value + 'static>(
+        scan: &mut Option<redb::Range<'a, K, V>>,
+    ) -> Result<Option<(redb::AccessGuard<'a, K>, redb::AccessGuard<'a, V>)>, StoreError> {
+        match scan.as_mut() {
+            Some(s) => s.next().transpose().map_err(map_err),
+            None => Ok(None),
+        }
+    }
     /// A scanned entry costs a fraction of a seek: step over gaps up to this long.
     const STEP_OVER: usize = 8;
     let mut scan: Option<redb::Range<'_, K, V>> = None;
     let mut held: Option<(redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)> = None;
+    let order = |held: &Option<(redb::AccessGuard<'_, K>, _)>, w: &W| {
+        held.as_ref().map(|(k, _)| {
+            K::compare(
+                K::as_bytes(&k.value()).as_ref(),
+                K::as_bytes(&key(w)).as_ref(),
+            )
+        })
+    };
     for w in wanted {
-        let mut found = None;
         let mut steps = 0;
-        let mut sought = false;
-        loop {
-            let order = held.as_ref().map(|(k, _)| {
-                K::compare(
-                    K::as_bytes(&k.value()).as_ref(),
-                    K::as_bytes(&key(&w)).as_ref(),
-                )
-            });
-            match order {
-                Some(Less) if steps < STEP_OVER || sought => steps += 1,
-                // No entry read yet, or the wanted key is past a long gap: seek to it.
-                Some(Less) | None if !sought && (scan.is_none() || order.is_some()) => {
-                    let mut s = index.range(key(&w)..).map_err(map_err)?;
-                    held = s.next().transpose().map_err(map_err)?;
-                    scan = Some(s);
-                    sought = true;
-                    continue;
-                }
-                // The index ends before this key.
-                Some(Less) | None => break,
-                Some(Equal) => {
-                    found = held
-                        .as_ref()
-                        .map(|(_, v)| V::as_bytes(&v.value()).as_ref().to_vec());
-                }
-                Some(Greater) => break,
-            }
-            held = match scan.as_mut() {
-                Some(s) => s.next().transpose().map_err(map_err)?,
-                None => None,
-            };
-            if found.is_some() {
-                break;
-            }
+        while order(&held, &w) == Some(Less) && steps < STEP_OVER {
+            held = next(&mut scan)?;
+            steps += 1;
+        }
+        // Nothing read yet, or the wanted key lies past a long gap: seek to it.
+        if scan.is_none() || order(&held, &w) == Some(Less) {
+            let mut s = index.range(key(&w)..).map_err(map_err)?;
+            held = s.next().transpose().map_err(map_err)?;
+            scan = Some(s);
+        }
+        let mut found = None;
+        if order(&held, &w) == Some(Equal) {
+            found = held
+                .as_ref()
+                .map(|(_, v)| V::as_bytes(&v.value()).as_ref().to_vec());
+            held = next(&mut scan)?;
         }
         visit(w, found.as_deref());
     }
