@@ -1,7 +1,8 @@
 //! `redbfs check`: redb's integrity check plus the filesystem invariants, on a store file.
 //!
 //! Invariant kept here: the check reads each table in its own key order, once (history's
-//! records twice: once here, once for its indexes), and holds per inode only what the
+//! records more than once: for its indexes, on a second thread while the rest is checked,
+//! and for the content it keeps and references), and holds per inode only what the
 //! directory entries are checked against: its number, a 32-bit CRC of its (parent, name),
 //! a kind and a link count, 14 bytes (14 MB at a million files). Directories, blobs and
 //! the findings themselves are held whole; an inode's full record is read again only to
@@ -206,6 +207,53 @@ pub fn invariants_of_copy(r: &ReadTxn, sums: &mut TableSums) -> Result<Vec<Strin
 fn invariants_with(
     r: &ReadTxn,
     history_indexes: bool,
+    sums: Option<&mut TableSums>,
+) -> Result<Vec<String>, StoreError> {
+    if !history_indexes {
+        return tables(r, None, sums);
+    }
+    // History's indexes are re-derived from its records on a thread of their own (the
+    // longest pass of a long history, reading only history's tables), from the start, while
+    // this one checks everything else: two passes at once, one extra thread per check,
+    // joined before it returns. Without a thread, one after the other.
+    std::thread::scope(|s| {
+        let indexes = std::thread::Builder::new()
+            .name("check-index".into())
+            .spawn_scoped(s, || r.history_index_findings());
+        let Ok(indexes) = indexes else {
+            return tables(r, Some(Box::new(|| r.history_index_findings())), sums);
+        };
+        let mut indexes = Some(indexes);
+        // A panic of its own was logged where it happened.
+        let stopped = || {
+            StoreError::Io("the check of history's indexes stopped on a fault of its own".into())
+        };
+        let found = tables(
+            r,
+            Some(Box::new(|| match indexes.take().map(|t| t.join()) {
+                Some(Ok(found)) => found,
+                _ => Err(stopped()),
+            })),
+            sums,
+        );
+        // Joined here when the other checks stopped first, so its fault is not the scope's.
+        if let Some(t) = indexes {
+            let _ = t.join();
+        }
+        found
+    })
+}
+
+/// What `history_index_findings` finds, once called (always, when given).
+type IndexFindings<'a> = Box<dyn FnOnce() -> Result<Vec<String>, StoreError> + 'a>;
+
+/// Everything `invariants_with` checks but history's indexes, whose findings `indexes`
+/// gives (None: neither they nor the content history keeps as later versions are
+/// checked). They are taken only when history's undo parts are whole, and go after the
+/// content's findings, where a reader expects them.
+fn tables(
+    r: &ReadTxn,
+    indexes: Option<IndexFindings<'_>>,
     mut sums: Option<&mut TableSums>,
 ) -> Result<Vec<String>, StoreError> {
     let mut findings = Vec::new();
@@ -354,9 +402,14 @@ fn invariants_with(
     let parts_whole = parts.is_empty();
     findings.extend(parts);
     content(r, &index, parts_whole, &mut findings, sums.as_deref_mut())?;
-    if parts_whole && history_indexes {
-        findings.extend(r.history_index_findings()?);
-        findings.extend(r.kept_content_findings()?);
+    if let Some(indexes) = indexes {
+        let kept = parts_whole.then(|| r.kept_content_findings());
+        // Joined whatever the parts: a fault of its own is not left behind.
+        let found = indexes();
+        if let Some(kept) = kept {
+            findings.extend(found?);
+            findings.extend(kept?);
+        }
     }
     if keeps_subtrees {
         subtrees(r, &dirs, below, &mut findings, sums)?;

@@ -907,22 +907,20 @@ impl SameProcess {
 /// key and seeks past longer gaps: a batch of a long history wants, for each key, a run of
 /// adjacent entries (its records in the batch's span), with the other batches' entries
 /// between the runs, so each run costs one seek and the gaps are never read.
-fn merge_index<K, V, W>(
-    index: &redb::ReadOnlyTable<K, V>,
+fn merge_index<W>(
+    index: &redb::ReadOnlyTable<(&'static [u8], u64), &'static [u8]>,
     wanted: Vec<W>,
-    key: impl Fn(&W) -> K::SelfType<'_>,
+    key: impl Fn(&W) -> (&[u8], u64),
     mut visit: impl FnMut(W, Option<&[u8]>),
-) -> Result<(), StoreError>
-where
-    K: redb::Key + 'static,
-    V: redb::Value + 'static,
-{
+) -> Result<(), StoreError> {
     use std::cmp::Ordering::{Equal, Less};
+    type Entry<'a> = (
+        redb::AccessGuard<'a, (&'static [u8], u64)>,
+        redb::AccessGuard<'a, &'static [u8]>,
+    );
+    type Scan<'a> = redb::Range<'a, (&'static [u8], u64), &'static [u8]>;
     /// The next entry of the index's scan (None: ended, or none started).
-    #[allow(clippy::type_complexity)]
-    fn next<'a, K: redb::Key + 'static, V: redb::Value + 'static>(
-        scan: &mut Option<redb::Range<'a, K, V>>,
-    ) -> Result<Option<(redb::AccessGuard<'a, K>, redb::AccessGuard<'a, V>)>, StoreError> {
+    fn next<'a>(scan: &mut Option<Scan<'a>>) -> Result<Option<Entry<'a>>, StoreError> {
         match scan.as_mut() {
             Some(s) => s.next().transpose().map_err(map_err),
             None => Ok(None),
@@ -930,16 +928,11 @@ where
     }
     /// A scanned entry costs a fraction of a seek: step over gaps up to this long.
     const STEP_OVER: usize = 8;
-    let mut scan: Option<redb::Range<'_, K, V>> = None;
-    let mut held: Option<(redb::AccessGuard<'_, K>, redb::AccessGuard<'_, V>)> = None;
-    let order = |held: &Option<(redb::AccessGuard<'_, K>, _)>, w: &W| {
-        held.as_ref().map(|(k, _)| {
-            K::compare(
-                K::as_bytes(&k.value()).as_ref(),
-                K::as_bytes(&key(w)).as_ref(),
-            )
-        })
-    };
+    let mut scan: Option<Scan<'_>> = None;
+    let mut held: Option<Entry<'_>> = None;
+    // The index's order, (bytes, seq) as a tuple orders them, compared as read: no copy.
+    let order =
+        |held: &Option<Entry<'_>>, w: &W| held.as_ref().map(|(k, _)| k.value().cmp(&key(w)));
     for w in wanted {
         let mut steps = 0;
         while order(&held, &w) == Some(Less) && steps < STEP_OVER {
@@ -952,14 +945,13 @@ where
             held = s.next().transpose().map_err(map_err)?;
             scan = Some(s);
         }
-        let mut found = None;
-        if order(&held, &w) == Some(Equal) {
-            found = held
-                .as_ref()
-                .map(|(_, v)| V::as_bytes(&v.value()).as_ref().to_vec());
-            held = next(&mut scan)?;
+        match &held {
+            Some((_, v)) if order(&held, &w) == Some(Equal) => {
+                visit(w, Some(v.value()));
+                held = next(&mut scan)?;
+            }
+            _ => visit(w, None),
         }
-        visit(w, found.as_deref());
     }
     Ok(())
 }
