@@ -304,8 +304,11 @@ impl Store {
         self.disk.len(&self.path)
     }
 
-    /// Rewrites the file to release free space (the store must not be in use).
+    /// Rewrites the file to release free space (the store must not be in use). Checkpointed
+    /// first, so the close has no commit left to make: one made after the compaction would
+    /// find no free page and grow the file again, where redb's trim at close cannot reach.
     pub fn compact(&mut self) -> Result<bool, StoreError> {
+        self.checkpoint()?;
         self.writable_db_mut()?
             .compact()
             .map_err(|e| StoreError::Io(e.to_string()))
