@@ -210,7 +210,7 @@ fn invariants_with(
     sums: Option<&mut TableSums>,
 ) -> Result<Vec<String>, StoreError> {
     if !history_indexes {
-        return tables(r, None, sums);
+        return Ok(tables(r, false, sums)?.0);
     }
     // History's indexes are re-derived from its records on a thread of their own (the
     // longest pass of a long history, reading only history's tables), from the start, while
@@ -220,42 +220,38 @@ fn invariants_with(
         let indexes = std::thread::Builder::new()
             .name("check-index".into())
             .spawn_scoped(s, || r.history_index_findings());
-        let Ok(indexes) = indexes else {
-            return tables(r, Some(Box::new(|| r.history_index_findings())), sums);
+        let checked = tables(r, true, sums);
+        // Joined whatever the other checks found, so its fault is never the scope's.
+        let found = match indexes {
+            Ok(t) => t.join().unwrap_or_else(|_| {
+                // Its panic was logged where it happened.
+                Err(StoreError::Io(
+                    "the check of history's indexes stopped on a fault of its own".into(),
+                ))
+            }),
+            Err(_) => match &checked {
+                Ok((_, Some(_))) => r.history_index_findings(),
+                _ => Ok(Vec::new()),
+            },
         };
-        let mut indexes = Some(indexes);
-        // A panic of its own was logged where it happened.
-        let stopped = || {
-            StoreError::Io("the check of history's indexes stopped on a fault of its own".into())
-        };
-        let found = tables(
-            r,
-            Some(Box::new(|| match indexes.take().map(|t| t.join()) {
-                Some(Ok(found)) => found,
-                _ => Err(stopped()),
-            })),
-            sums,
-        );
-        // Joined here when the other checks stopped first, so its fault is not the scope's.
-        if let Some(t) = indexes {
-            let _ = t.join();
+        let (mut findings, at) = checked?;
+        // Taken only when history's undo parts are whole: otherwise what it read says nothing.
+        if let Some(at) = at {
+            findings.splice(at..at, found?);
         }
-        found
+        Ok(findings)
     })
 }
 
-/// What `history_index_findings` finds, once called (always, when given).
-type IndexFindings<'a> = Box<dyn FnOnce() -> Result<Vec<String>, StoreError> + 'a>;
-
-/// Everything `invariants_with` checks but history's indexes, whose findings `indexes`
-/// gives (None: neither they nor the content history keeps as later versions are
-/// checked). They are taken only when history's undo parts are whole, and go after the
-/// content's findings, where a reader expects them.
+/// Everything `invariants_with` checks but history's indexes, and with `history` the
+/// content history keeps as later versions: the findings, and where those of history's
+/// indexes go among them (after the content's, where a reader expects them; None when
+/// they are not to be taken, history's undo parts not being whole).
 fn tables(
     r: &ReadTxn,
-    indexes: Option<IndexFindings<'_>>,
+    history: bool,
     mut sums: Option<&mut TableSums>,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<(Vec<String>, Option<usize>), StoreError> {
     let mut findings = Vec::new();
     let orphans = r.orphans_summed(sums.as_deref_mut())?;
     let is_orphan = |ino: u64| orphans.binary_search(&ino).is_ok();
@@ -402,14 +398,9 @@ fn tables(
     let parts_whole = parts.is_empty();
     findings.extend(parts);
     content(r, &index, parts_whole, &mut findings, sums.as_deref_mut())?;
-    if let Some(indexes) = indexes {
-        let kept = parts_whole.then(|| r.kept_content_findings());
-        // Joined whatever the parts: a fault of its own is not left behind.
-        let found = indexes();
-        if let Some(kept) = kept {
-            findings.extend(found?);
-            findings.extend(kept?);
-        }
+    let indexes_at = (history && parts_whole).then_some(findings.len());
+    if indexes_at.is_some() {
+        findings.extend(r.kept_content_findings()?);
     }
     if keeps_subtrees {
         subtrees(r, &dirs, below, &mut findings, sums)?;
@@ -421,7 +412,7 @@ fn tables(
             usage.files, usage.dirs, usage.content_bytes
         ));
     }
-    Ok(findings)
+    Ok((findings, indexes_at))
 }
 
 /// A chunk 0 held in an inode record: only files hold one, within their size and
