@@ -361,3 +361,48 @@ fn a_rename_run_again_after_its_batch_failed_counts_its_lost_update_once() {
     assert_eq!(noted, ["rename"]);
     clean(&fs);
 }
+
+/// `commit_stats` counts the time redb's one write transaction is held, from its begin to
+/// its commit or its abort, a batch's from its first operation to its commit: a write held
+/// open while this thread sleeps counts at least the sleep, committed or dropped.
+#[test]
+fn the_write_transaction_counts_the_time_it_is_held_committed_or_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let fs = open(&path);
+    try_write_file(&fs, ME, "first.md", b"first").unwrap();
+    let hold = Duration::from_millis(30);
+    let busy = |fs: &Fs| fs.store().commit_stats().writer_busy_ns;
+
+    let before = busy(&fs);
+    let w = fs.store().write().unwrap();
+    std::thread::sleep(hold);
+    w.commit(redbfs::store::Sync::Durable).unwrap();
+    let committed = busy(&fs) - before;
+    assert!(committed >= hold.as_nanos() as u64, "{committed} ns");
+
+    let before = busy(&fs);
+    let w = fs.store().write().unwrap();
+    std::thread::sleep(hold);
+    drop(w);
+    let dropped = busy(&fs) - before;
+    assert!(dropped >= hold.as_nanos() as u64, "{dropped} ns");
+
+    // A batch: held from its first operation until the last one joins and commits.
+    let before = busy(&fs);
+    fs.store().hold_batches(2);
+    let n0 = numbered(&fs);
+    std::thread::scope(|s| {
+        let fs = &fs;
+        s.spawn(move || fs.mkdir(ME, ROOT_INO, b"a", 0o700, 0).unwrap());
+        // The first operation is in the batch, which holds the transaction for the second.
+        wait_numbered(fs, n0 + 1);
+        std::thread::sleep(hold);
+        s.spawn(move || fs.mkdir(ME, ROOT_INO, b"b", 0o700, 0).unwrap());
+    });
+    fs.store().hold_batches(0);
+    let batched = busy(&fs) - before;
+    assert!(batched >= hold.as_nanos() as u64, "{batched} ns");
+    let stats = fs.store().commit_stats();
+    assert!(stats.writer_busy_ns <= stats.open_ns);
+}

@@ -149,6 +149,18 @@ fn content_survives_unmount_and_a_killed_daemon() {
         durable > 0 && syncs > 0 && syncs <= durable,
         "commit counts: {st}"
     );
+    // Those commits held the one write transaction for a while, within the mount's life.
+    let (busy, open) = (
+        st["commit_stats"]["writer_busy_ns"].as_u64().unwrap(),
+        st["commit_stats"]["open_ns"].as_u64().unwrap(),
+    );
+    assert!(busy > 0 && busy <= open, "writer time: {st}");
+    let shown = redbfs(&["status", m.mountpoint.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("writer:     the one write transaction held"),
+        "{shown}"
+    );
     let pid = st["pid"].as_i64().unwrap() as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),

@@ -193,6 +193,17 @@ pub(super) fn status(v: &Value, f: Format) {
                 v["commit_stats"]["redb_commits"]
             );
         }
+        if let (Some(busy), Some(open)) = (
+            v["commit_stats"]["writer_busy_ns"].as_u64(),
+            v["commit_stats"]["open_ns"].as_u64(),
+        ) {
+            outln!(
+                "writer:     the one write transaction held {:.1} s of {:.1} s since mount ({:.0}%)",
+                busy as f64 / 1e9,
+                open as f64 / 1e9,
+                100.0 * busy as f64 / open.max(1) as f64
+            );
+        }
         outln!(
             "conflicts:  {} since mount (--lost-updates {})",
             v["conflicts"],

@@ -364,7 +364,7 @@ impl Store {
         }
         if !fits {
             self.injected_panic(fault::PanicAt::Checkpoint);
-            let committed = super::commit_as(tx.into_inner(), redb::Durability::Immediate);
+            let committed = tx.commit(redb::Durability::Immediate);
             if let Err(e) = committed {
                 wal.fail();
                 return Err(e);
@@ -377,7 +377,7 @@ impl Store {
         }
         let crossed = quarter(pending.used()) != before;
         self.injected_panic(fault::PanicAt::Appended);
-        let committed = super::commit_as(tx.into_inner(), redb::Durability::None);
+        let committed = tx.commit(redb::Durability::None);
         if let Err(e) = committed {
             if let Some(m) = first_mark {
                 pending.unpush(m);

@@ -153,6 +153,8 @@ impl Store {
             },
             commits: self.numbered_commits.load(Ordering::Relaxed),
             redb_commits: self.redb_commits.load(Ordering::Relaxed),
+            writer_busy_ns: self.writer_busy_ns.load(Ordering::Relaxed),
+            open_ns: u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX),
         }
     }
 
@@ -358,7 +360,7 @@ impl WriteTxn<'_> {
         let mark = pending.push(seq, redo.as_deref().unwrap_or_default());
         let crossed = quarter(pending.used()) != before;
         store.injected_panic(fault::PanicAt::Appended);
-        let committed = super::commit_as(self.tx.into_inner(), redb::Durability::None);
+        let committed = self.tx.commit(redb::Durability::None);
         if let Err(e) = committed {
             pending.unpush(mark);
             wal.fail();
@@ -384,8 +386,7 @@ impl WriteTxn<'_> {
     fn commit_durably(self, seq: u64) -> Result<u64, StoreError> {
         self.store.injected_panic(fault::PanicAt::Checkpoint);
         let store = self.store;
-        let tx = self.tx.into_inner();
-        super::commit_as(tx, redb::Durability::Immediate)?;
+        self.tx.commit(redb::Durability::Immediate)?;
         store.counted(1);
         Ok(seq)
     }

@@ -219,6 +219,12 @@ pub struct CommitStats {
     /// redb commits that made them: each batch of operations that shared a redb
     /// transaction commits once.
     pub redb_commits: u64,
+    /// Nanoseconds redb's one write transaction was held since the store opened, from its
+    /// begin to its commit or abort (a batch's from its first operation's begin to its
+    /// commit): beside `open_ns`, how much of the time the store's single writer was busy.
+    pub writer_busy_ns: u64,
+    /// Nanoseconds since the store opened.
+    pub open_ns: u64,
 }
 
 /// Counts kept in `meta`, for status, statfs and quotas.
@@ -292,6 +298,10 @@ pub struct Store {
     /// redb commits means operations shared one (see `batch`).
     numbered_commits: AtomicU64,
     redb_commits: AtomicU64,
+    /// Nanoseconds redb's write transaction was held (begun to committed or dropped), and
+    /// when the store opened: how busy its one writer is (see `Store::commit_stats`).
+    writer_busy_ns: Arc<AtomicU64>,
+    opened: std::time::Instant,
 }
 
 impl Store {

@@ -14,6 +14,9 @@
 use std::any::Any;
 use std::cell::{OnceCell, RefCell, RefMut};
 use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use redb::{Key, Table, TableDefinition, TableError, TableHandle, Value, WriteTransaction};
 
@@ -30,6 +33,9 @@ pub(super) struct Tx {
     names: [OnceCell<String>; SLOTS],
     /// The open tables: each a `Table<'static, K, V>` that in truth borrows `*tx`.
     open: [RefCell<Option<Box<dyn Any>>>; SLOTS],
+    /// When redb's write lock was taken, and the count of nanoseconds it was held that the
+    /// time goes to once this transaction commits or is dropped (`Store::commit_stats`).
+    held: Option<(Instant, Arc<AtomicU64>)>,
 }
 
 // SAFETY: a `Tx` moves between threads only whole, between two operations of a batch (see
@@ -56,7 +62,24 @@ impl Tx {
             taken: false,
             names: std::array::from_fn(|_| OnceCell::new()),
             open: std::array::from_fn(|_| RefCell::new(None)),
+            held: None,
         }
+    }
+
+    /// `new` for a transaction just begun, adding the time it holds redb's write lock to
+    /// `busy` when it commits (`commit`) or is dropped.
+    pub(super) fn timed(tx: WriteTransaction, busy: Arc<AtomicU64>) -> Tx {
+        let mut t = Tx::new(tx);
+        t.held = Some((Instant::now(), busy));
+        t
+    }
+
+    /// Commits with durability `d`; the write lock's time goes to the count `timed` gave.
+    pub(super) fn commit(mut self, d: redb::Durability) -> Result<(), super::StoreError> {
+        let held = self.held.take();
+        let result = super::commit_as(self.into_inner(), d);
+        count_held(held);
+        result
     }
 
     /// The transaction, for what reads or opens no table of `open` (stats, listing).
@@ -161,6 +184,15 @@ impl Drop for Tx {
             // SAFETY: as in `into_inner`: the tables are gone and `tx` is not used again.
             drop(unsafe { Box::from_raw(self.tx.as_ptr()) });
         }
+        // Dropped untaken, the transaction aborted above and let go of the lock.
+        count_held(self.held.take());
+    }
+}
+
+fn count_held(held: Option<(Instant, Arc<AtomicU64>)>) {
+    if let Some((since, busy)) = held {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        busy.fetch_add(ns, Ordering::Relaxed);
     }
 }
 

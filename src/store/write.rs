@@ -167,7 +167,7 @@ impl Store {
             }
             e
         })?;
-        Ok(super::tables::Tx::new(tx))
+        Ok(super::tables::Tx::timed(tx, self.writer_busy_ns.clone()))
     }
 
     /// A write transaction of this store over `tx`, with nothing done yet.
