@@ -77,7 +77,10 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
 
     write("a.md", b"first version");
     let (at, batch) = shipped_after(feed, attached.from);
+    let busy = f.store().commit_stats().writer_busy_ns;
     let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    // The follower's batch held its store's write transaction: `status` counts it.
+    assert!(f.store().commit_stats().writer_busy_ns > busy);
     assert!(
         changed.dirents.contains(&(ROOT_INO, "a.md".to_string())),
         "{changed:?}"

@@ -130,6 +130,7 @@ impl Store {
         }
         let before = (!records.is_empty()).then(|| self.read()).transpose()?;
         let tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let _held = self.writer_held();
         let mut changed = Changed::default();
         let mut last = at;
         for r in records {
@@ -178,6 +179,7 @@ impl Store {
         let separate_indexes = theirs.is_some_and(|v| v < u64::from(FORMAT_VERSION));
         let before = self.read()?;
         let tx = self.writable_db()?.begin_write().map_err(map_err)?;
+        let _held = self.writer_held();
         let mut changed = Changed::default();
         let keep: Vec<&str> = local
             .iter()

@@ -33,9 +33,32 @@ pub(super) struct Tx {
     names: [OnceCell<String>; SLOTS],
     /// The open tables: each a `Table<'static, K, V>` that in truth borrows `*tx`.
     open: [RefCell<Option<Box<dyn Any>>>; SLOTS],
-    /// When redb's write lock was taken, and the count of nanoseconds it was held that the
-    /// time goes to once this transaction commits or is dropped (`Store::commit_stats`).
-    held: Option<(Instant, Arc<AtomicU64>)>,
+    /// Counts the time redb's write lock is held, until this transaction commits or is
+    /// dropped (`Store::commit_stats`).
+    held: Option<Held>,
+}
+
+/// Adds the time from its making to its drop to a count of nanoseconds: how long redb's write
+/// transaction was held (`CommitStats::writer_busy_ns`).
+pub(super) struct Held {
+    since: Instant,
+    busy: Arc<AtomicU64>,
+}
+
+impl Held {
+    pub(super) fn new(busy: Arc<AtomicU64>) -> Held {
+        Held {
+            since: Instant::now(),
+            busy,
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.busy.fetch_add(ns, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: a `Tx` moves between threads only whole, between two operations of a batch (see
@@ -70,16 +93,14 @@ impl Tx {
     /// `busy` when it commits (`commit`) or is dropped.
     pub(super) fn timed(tx: WriteTransaction, busy: Arc<AtomicU64>) -> Tx {
         let mut t = Tx::new(tx);
-        t.held = Some((Instant::now(), busy));
+        t.held = Some(Held::new(busy));
         t
     }
 
     /// Commits with durability `d`; the write lock's time goes to the count `timed` gave.
     pub(super) fn commit(mut self, d: redb::Durability) -> Result<(), super::StoreError> {
-        let held = self.held.take();
-        let result = super::commit_as(self.into_inner(), d);
-        count_held(held);
-        result
+        let _held = self.held.take();
+        super::commit_as(self.into_inner(), d)
     }
 
     /// The transaction, for what reads or opens no table of `open` (stats, listing).
@@ -185,14 +206,7 @@ impl Drop for Tx {
             drop(unsafe { Box::from_raw(self.tx.as_ptr()) });
         }
         // Dropped untaken, the transaction aborted above and let go of the lock.
-        count_held(self.held.take());
-    }
-}
-
-fn count_held(held: Option<(Instant, Arc<AtomicU64>)>) {
-    if let Some((since, busy)) = held {
-        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        busy.fetch_add(ns, Ordering::Relaxed);
+        drop(self.held.take());
     }
 }
 

@@ -156,6 +156,13 @@ impl Store {
         Ok(self.write_over(tx))
     }
 
+    /// Counts the time from now until it is dropped as time the write transaction was held
+    /// (`CommitStats::writer_busy_ns`), for a redb transaction begun outside `begin_tx` (a
+    /// follower's batches): made just after its begin, dropped after its commit.
+    pub(super) fn writer_held(&self) -> super::tables::Held {
+        super::tables::Held::new(self.writer_busy_ns.clone())
+    }
+
     /// A redb write transaction, waiting for any other writer to finish.
     pub(super) fn begin_tx(&self) -> Result<super::tables::Tx, StoreError> {
         let tx = self.writable_db()?.begin_write().map_err(|e| {
