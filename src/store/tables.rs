@@ -64,7 +64,8 @@ impl Drop for Held {
 // SAFETY: a `Tx` moves between threads only whole, between two operations of a batch (see
 // `batch`), with no table lent out (every `RefMut` borrows the `Tx`). What it owns is a redb
 // write transaction and redb tables over it, all `Send` (checked below for the kinds of key
-// and value the store's tables have); the `RefCell`s and `OnceCell`s are only ever used by
+// and value the store's tables have), and a `Held` (an `Instant` and an `Arc<AtomicU64>`,
+// `Send` too); the `RefCell`s and `OnceCell`s are only ever used by
 // the thread that holds the `Tx`, and `Tx` is not `Sync`.
 unsafe impl Send for Tx {}
 
@@ -76,6 +77,7 @@ const _: () = {
     send::<Table<'static, &'static str, &'static [u8]>>();
     send::<Table<'static, (u64, u64), u64>>();
     send::<Table<'static, u64, ()>>();
+    send::<Held>();
 };
 
 impl Tx {
