@@ -65,8 +65,8 @@ impl Drop for Held {
 // `batch`), with no table lent out (every `RefMut` borrows the `Tx`). What it owns is a redb
 // write transaction and redb tables over it, all `Send` (checked below for the kinds of key
 // and value the store's tables have), and a `Held` (an `Instant` and an `Arc<AtomicU64>`,
-// `Send` too); the `RefCell`s and `OnceCell`s are only ever used by
-// the thread that holds the `Tx`, and `Tx` is not `Sync`.
+// `Send` too); the `RefCell`s and `OnceCell`s are only ever used by the thread that holds
+// the `Tx`, and `Tx` is not `Sync`.
 unsafe impl Send for Tx {}
 
 const _: () = {
@@ -91,11 +91,11 @@ impl Tx {
         }
     }
 
-    /// `new` for a transaction just begun, adding the time it holds redb's write lock to
-    /// `busy` when it commits (`commit`) or is dropped.
-    pub(super) fn timed(tx: WriteTransaction, busy: Arc<AtomicU64>) -> Tx {
+    /// `new` for a transaction just begun, whose time holding redb's write lock `held`
+    /// counts until it commits (`commit`) or is dropped.
+    pub(super) fn timed(tx: WriteTransaction, held: Held) -> Tx {
         let mut t = Tx::new(tx);
-        t.held = Some(Held::new(busy));
+        t.held = Some(held);
         t
     }
 
@@ -207,7 +207,8 @@ impl Drop for Tx {
             // SAFETY: as in `into_inner`: the tables are gone and `tx` is not used again.
             drop(unsafe { Box::from_raw(self.tx.as_ptr()) });
         }
-        // Dropped untaken, the transaction aborted above and let go of the lock.
+        // Untaken, the transaction aborted above and let go of the lock: its time ends here
+        // (`commit` takes `held` first and ends it after redb's commit).
         drop(self.held.take());
     }
 }

@@ -157,8 +157,8 @@ impl Store {
     }
 
     /// Counts the time from now until it is dropped as time the write transaction was held
-    /// (`CommitStats::writer_busy_ns`), for a redb transaction begun outside `begin_tx` (a
-    /// follower's batches): made just after its begin, dropped after its commit.
+    /// (`CommitStats::writer_busy_ns`): made just after a redb transaction's begin, dropped
+    /// after its commit (`begin_tx`'s, through `Tx`; a follower's batches, directly).
     pub(super) fn writer_held(&self) -> super::tables::Held {
         super::tables::Held::new(self.writer_busy_ns.clone())
     }
@@ -174,7 +174,7 @@ impl Store {
             }
             e
         })?;
-        Ok(super::tables::Tx::timed(tx, self.writer_busy_ns.clone()))
+        Ok(super::tables::Tx::timed(tx, self.writer_held()))
     }
 
     /// A write transaction of this store over `tx`, with nothing done yet.
