@@ -117,6 +117,82 @@ fn unknown_store_format_is_refused() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("format version 99"));
 }
 
+/// Every durable answer given to several threads at once survives a killed daemon: fsync,
+/// close, rename, unlink and rmdir are answered by the daemon's syncer only once the log's
+/// sync covers them. (A SIGKILL keeps the page cache, but a commit's record reaches the log
+/// file only when a sync writes it, so an answer given before its sync would be lost here.)
+#[test]
+fn durable_answers_to_concurrent_threads_survive_a_killed_daemon() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::new();
+    std::fs::create_dir(m.path("t")).unwrap();
+    const THREADS: usize = 6;
+    const FILES: usize = 40;
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let root = m.path(&format!("t/{t}"));
+            std::thread::spawn(move || {
+                std::fs::create_dir(&root).unwrap();
+                for i in 0..FILES {
+                    let p = root.join(format!("f{i}.md"));
+                    let mut f = std::fs::File::create(&p).unwrap();
+                    f.write_all(format!("{t}/{i}").as_bytes()).unwrap();
+                    f.sync_all().unwrap();
+                    drop(f);
+                    match i % 4 {
+                        1 => std::fs::rename(&p, root.join(format!("r{i}.md"))).unwrap(),
+                        2 => std::fs::remove_file(&p).unwrap(),
+                        _ => {}
+                    }
+                }
+                std::fs::create_dir(root.join("sub")).unwrap();
+                std::fs::remove_dir(root.join("sub")).unwrap();
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let st = status(&m);
+    let durable = st["commit_stats"]["durable_commits"].as_u64().unwrap();
+    let syncs = st["commit_stats"]["log_syncs"].as_u64().unwrap();
+    assert!(
+        durable >= (THREADS * FILES) as u64 && syncs > 0 && syncs <= durable,
+        "every fsync, rename and unlink is a durable commit: {st}"
+    );
+    let pid = st["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    m.mount_after_crash();
+    for t in 0..THREADS {
+        let root = m.path(&format!("t/{t}"));
+        for i in 0..FILES {
+            let (kept, gone) = match i % 4 {
+                1 => (Some(format!("r{i}.md")), format!("f{i}.md")),
+                2 => (None, format!("f{i}.md")),
+                _ => (Some(format!("f{i}.md")), format!("r{i}.md")),
+            };
+            if let Some(k) = kept {
+                assert_eq!(
+                    std::fs::read_to_string(root.join(&k)).unwrap(),
+                    format!("{t}/{i}"),
+                    "t/{t}/{k}"
+                );
+            }
+            assert!(!root.join(&gone).exists(), "t/{t}/{gone}");
+        }
+        assert!(!root.join("sub").exists(), "t/{t}/sub");
+    }
+}
+
 #[test]
 fn content_survives_unmount_and_a_killed_daemon() {
     if !fuse_available() {

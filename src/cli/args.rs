@@ -134,8 +134,8 @@ pub(super) struct Mount {
     /// More log: -v logs every request.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Threads serving kernel requests: 1 to 16 per core.
-    #[arg(long, default_value_t = crate::fuse::DEFAULT_THREADS,
+    /// Threads serving kernel requests: 1 to 16 per core (default: one per core, 2 to 4).
+    #[arg(long, default_value_t = crate::fuse::default_threads(),
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max_threads()))]
     pub threads: usize,
     /// Largest file (EFBIG beyond), e.g. 256M. Kept in the store.

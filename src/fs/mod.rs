@@ -15,6 +15,7 @@ pub mod conflicts;
 pub mod content;
 mod create;
 mod dir;
+mod durable;
 pub mod error;
 pub mod history;
 pub mod lifetime;
@@ -428,8 +429,12 @@ impl Fs {
 
     /// Commits `w`; returns the commit's number (for `Store::sync_to`).
     pub(super) fn commit_numbered(&self, w: WriteTxn<'_>, sync: Sync) -> Result<u64> {
+        let sync = durable::commit_sync(sync);
         match w.commit_numbered(sync) {
             Ok(seq) => {
+                if sync == Sync::ByCaller {
+                    durable::sync_later(seq);
+                }
                 if self.store.history_on()
                     && self.store.disk_nearly_full()
                     && let Err(e) = self.store.shed_history()

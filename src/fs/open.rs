@@ -514,7 +514,7 @@ impl Fs {
     /// close does not pay an fsync for what other processes committed meanwhile.
     pub(super) fn sync_creation(&self, f: &FileSlot) -> Result<()> {
         let seq = f.created_in.load(Ordering::Acquire);
-        if seq != 0 {
+        if seq != 0 && !super::durable::sync_later(seq) {
             self.store.sync_to(seq)?;
         }
         Ok(())

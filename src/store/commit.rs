@@ -84,6 +84,15 @@ impl Store {
         }
     }
 
+    /// Whether commit `seq` is durable already (its log record synced, or a checkpoint since).
+    pub fn is_durable(&self, seq: u64) -> bool {
+        match self.wal.get() {
+            Some(Some(wal)) => wal.is_synced(seq),
+            // No log: every commit was a durable redb commit.
+            _ => true,
+        }
+    }
+
     /// Makes every commit so far durable in the store file itself: one checkpoint commit
     /// (a durable redb commit; the log starts again), unless the last commit was one. The
     /// number of the last commit.
@@ -373,8 +382,10 @@ impl WriteTxn<'_> {
             store.preflush();
         }
         store.injected_panic(fault::PanicAt::Committed);
-        if sync == Sync::Durable {
+        if sync != Sync::Deferred {
             store.durable_commits.fetch_add(1, Ordering::Relaxed);
+        }
+        if sync == Sync::Durable {
             wal.sync_to(seq)?;
         }
         gap.armed = false;
@@ -410,11 +421,13 @@ impl WriteTxn<'_> {
             .map_err(map_err)?;
         self.finish_joined(seq, redo)?;
         store.numbered_commits.fetch_add(1, Ordering::Relaxed);
-        if sync == Sync::Durable
+        if sync != Sync::Deferred
             && let Some(Some(wal)) = store.wal.get()
         {
             store.durable_commits.fetch_add(1, Ordering::Relaxed);
-            wal.sync_to(seq)?;
+            if sync == Sync::Durable {
+                wal.sync_to(seq)?;
+            }
         }
         Ok(seq)
     }

@@ -204,6 +204,9 @@ pub enum Sync {
     Durable,
     /// Visible at once, on disk with the next durable commit; lost if the process dies first.
     Deferred,
+    /// Durable before its caller answers, which makes it so itself (`Store::sync_to` with the
+    /// commit's number) rather than waiting inside `commit`: counted as a durable commit.
+    ByCaller,
 }
 
 /// How commits reached the disk since the store opened (`Store::commit_stats`).

@@ -388,6 +388,11 @@ impl Wal {
         Ok(())
     }
 
+    /// Whether record `seq` is durable already.
+    pub(super) fn is_synced(&self, seq: u64) -> bool {
+        self.synced.load(Ordering::Acquire) >= seq
+    }
+
     /// fdatasyncs of the log since it started.
     pub(super) fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
