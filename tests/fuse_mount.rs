@@ -22,6 +22,19 @@ fn mountinfo_line(mp: &Path) -> Option<String> {
         .map(str::to_string)
 }
 
+/// SIGKILLs the daemon `st` (a `status --json`) names and waits until the process is gone.
+fn kill_daemon(st: &serde_json::Value) {
+    let pid = st["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn status(m: &TestMount) -> serde_json::Value {
     let out = redbfs(&["status", m.mountpoint.to_str().unwrap(), "--json"]);
     assert!(
@@ -162,15 +175,7 @@ fn durable_answers_to_concurrent_threads_survive_a_killed_daemon() {
         durable >= (THREADS * FILES) as u64 && syncs > 0 && syncs <= durable,
         "every fsync, rename and unlink is a durable commit: {st}"
     );
-    let pid = st["pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    kill_daemon(&st);
     m.mount_after_crash();
     for t in 0..THREADS {
         let root = m.path(&format!("t/{t}"));
@@ -237,17 +242,9 @@ fn content_survives_unmount_and_a_killed_daemon() {
         shown.contains("writer:     the one write transaction held"),
         "{shown}"
     );
-    let pid = st["pid"].as_i64().unwrap() as i32;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    // The process gone, the stale mount must be cleared by mount.
+    kill_daemon(&st);
     drop(f);
-    // Wait for the process to be gone, then the stale mount must be cleared by mount.
-    while Path::new(&format!("/proc/{pid}")).exists() {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
     assert_eq!(
         nix::sys::statfs::statfs(&m.mountpoint).err(),
         Some(nix::errno::Errno::ENOTCONN)
