@@ -89,14 +89,7 @@ impl Syncer {
                 while let Ok(first) = recv.recv() {
                     let mut all = vec![first];
                     all.extend(recv.try_iter().take(SYNC_QUEUE));
-                    let upto = all.iter().map(|w| w.upto).max().unwrap_or(0);
-                    let synced = fs.store().sync_to(upto).map_err(Error::Store);
-                    if let Err(e) = &synced {
-                        crate::error_limited!(key: crate::ratelimit::key_of(e); op = "sync", errno = e.errno(), "{e}");
-                    }
-                    for w in all {
-                        answer(w.reply, synced.as_ref().map_err(|e| Errno::from_i32(e.errno())).and(w.result));
-                    }
+                    sync_and_answer(&fs, all);
                 }
             });
         match thread {
@@ -141,11 +134,7 @@ impl Syncer {
             },
             None => w,
         };
-        let synced = fs
-            .store()
-            .sync_to(w.upto)
-            .map_err(|e| Errno::from_i32(Error::Store(e).errno()));
-        answer(w.reply, synced.and(w.result));
+        sync_and_answer(fs, vec![w]);
     }
 
     /// Answers everything waiting, then ends the thread.
@@ -162,6 +151,20 @@ impl Syncer {
 impl Drop for Syncer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Makes the highest commit among `all` durable (one `Store::sync_to`), then answers each
+/// with its own result, or with the sync's error (logged once) if the sync failed.
+fn sync_and_answer(fs: &Fs, all: Vec<Waiting>) {
+    let upto = all.iter().map(|w| w.upto).max().unwrap_or(0);
+    let synced = fs.store().sync_to(upto).map_err(Error::Store);
+    if let Err(e) = &synced {
+        crate::error_limited!(key: crate::ratelimit::key_of(e); op = "sync", errno = e.errno(), "{e}");
+    }
+    let synced = synced.map_err(|e| Errno::from_i32(e.errno()));
+    for w in all {
+        answer(w.reply, synced.and(w.result));
     }
 }
 
