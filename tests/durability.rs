@@ -1030,6 +1030,49 @@ fn io_fault_on_a_checkpoints_sync() {
     }
 }
 
+/// The log's sync fails under one handle's fsync, which committed what another handle of the
+/// same file had written. Every later fsync and close of that file fails too: its content
+/// never reached the disk, and a close that found nothing left to commit used to answer OK.
+#[test]
+fn every_fsync_and_close_of_a_file_whose_sync_failed_fails() {
+    if !fuse_available() {
+        return;
+    }
+    // SAFETY: as in `io_fault`.
+    unsafe { std::env::set_var("REDBFS_FAULT_INJECTION", "1") };
+    let tm = TestMount::new();
+    let path = tm.path("f.md");
+    std::fs::write(&path, b"old").unwrap();
+    let open = || std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let (mine, mut theirs) = (open(), open());
+    theirs.write_all(b"their new content").unwrap();
+    let armed = control(
+        &tm.store,
+        serde_json::json!({"op": "fault", "on": "sync", "nth": 1}),
+    )
+    .unwrap_or_else(|e| panic!("control socket: {e}"));
+    assert_eq!(armed["ok"], true, "{armed}");
+    let eio = |what: &str, r: std::io::Result<()>| {
+        let e = r.expect_err(&format!("{what} answered OK after the failed sync"));
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{what}: {e}");
+    };
+    eio("the fsync whose sync failed", mine.sync_all());
+    eio("a second fsync", mine.sync_all());
+    eio("the other handle's fsync", theirs.sync_all());
+    use std::os::fd::IntoRawFd;
+    for (what, f) in [("the other handle's close", theirs), ("the close", mine)] {
+        let rc = unsafe { libc::close(f.into_raw_fd()) };
+        eio(
+            what,
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            },
+        );
+    }
+}
+
 /// A bit flipped in a file's stored content was served by the mount and by `cat` with exit
 /// 0; only `check` noticed. Each chunk now carries a checksum verified on every read: the
 /// read fails with EIO and one error line names the file, the chunk and `redbfs check`.

@@ -26,10 +26,12 @@ pub struct FileSlot {
     pub handles: AtomicU32,
     /// The name is gone; content lives until the last release.
     pub unlinked: AtomicBool,
-    /// The commit that created this file, made durable by a close or fsync of a writable
-    /// handle (0: nothing pending). Syncing to it, not to the newest commit, keeps one close
-    /// from paying an fsync for other processes' creates.
-    pub created_in: AtomicU64,
+    /// The newest commit a close or fsync of this file answers for (0: none): the one that
+    /// created it, the last commit of its content (whichever handle's close or fsync made
+    /// it), or the removal of its last name. Another handle's close that finds nothing left
+    /// to commit still returns only once this is durable; syncing to it, not to the newest
+    /// commit, keeps one close from paying an fsync for other files' commits.
+    pub durable_with: AtomicU64,
     pub content: Mutex<OpenFile>,
 }
 
@@ -39,7 +41,7 @@ impl FileSlot {
             ino,
             handles: AtomicU32::new(0),
             unlinked: AtomicBool::new(false),
-            created_in: AtomicU64::new(0),
+            durable_with: AtomicU64::new(0),
             content: Mutex::new(OpenFile::new(ino, size)),
         }
     }

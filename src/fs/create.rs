@@ -188,7 +188,7 @@ impl Fs {
             }
         };
         if let Ok((f, _)) = self.handle(fh) {
-            f.created_in.fetch_max(seq, Ordering::AcqRel);
+            f.durable_with.fetch_max(seq, Ordering::AcqRel);
         }
         Ok((inode, fh))
     }

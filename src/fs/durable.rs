@@ -70,7 +70,7 @@ impl Fs {
 
 #[cfg(test)]
 mod tests {
-    use crate::fs::{Caller, Fs, Limits};
+    use crate::fs::{Caller, Fs, Limits, OpenMode};
     use crate::store::{ROOT_INO, Store};
 
     const ME: Caller = Caller {
@@ -78,6 +78,70 @@ mod tests {
         gid: 0,
         pid: 1,
     };
+    const OTHER: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        pid: 2,
+    };
+
+    /// A store with `/d/f.md` durable, open through two writable handles (`ME`'s, then
+    /// `OTHER`'s): the store, the directory, and the two handles.
+    fn two_handles(dir: &tempfile::TempDir) -> (Fs, u64, u64, u64) {
+        let store = Store::open_or_create(&dir.path().join("s.redb"), (0, 0)).unwrap();
+        let fs = Fs::new(store, Limits::default()).unwrap();
+        let d = fs.mkdir(ME, ROOT_INO, b"d", 0o755, 0).unwrap().ino;
+        let (f, mine) = fs.create(ME, d, b"f.md", 0o644, 0, libc::O_WRONLY).unwrap();
+        fs.write(ME, mine, 0, b"old\n").unwrap();
+        fs.fsync(mine).unwrap();
+        let write = OpenMode {
+            read: false,
+            write: true,
+            append: false,
+            truncate: false,
+        };
+        let theirs = fs.open(OTHER, f.ino, write).unwrap();
+        (fs, d, mine, theirs)
+    }
+
+    /// One handle's fsync commits what another handle wrote; until its sync has run, the
+    /// other handle's close, which finds nothing left to commit, must wait for the same
+    /// commit, not be answered at once.
+    #[test]
+    fn a_close_waits_for_the_sync_of_content_another_handles_fsync_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, _, mine, theirs) = two_handles(&dir);
+        fs.write(OTHER, theirs, 0, b"theirs\n").unwrap();
+        let (r, fsync_upto) = fs.durable_later(|| fs.fsync(mine));
+        r.unwrap();
+        assert!(fsync_upto > 0 && !fs.store().is_durable(fsync_upto));
+        let (r, close_upto) = fs.durable_later(|| fs.flush(theirs));
+        r.unwrap();
+        assert!(
+            close_upto >= fsync_upto,
+            "the close waits for commit {close_upto}, its content is in {fsync_upto}"
+        );
+    }
+
+    /// A file whose last name went (committed, not yet synced) while another handle had
+    /// written to it: that handle's close returns only once the removal is durable.
+    #[test]
+    fn a_close_after_the_files_unlink_waits_for_the_unlinks_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fs, d, _, theirs) = two_handles(&dir);
+        fs.write(OTHER, theirs, 0, b"theirs\n").unwrap();
+        let (r, unlink_upto) = fs.durable_later(|| fs.unlink(ME, d, b"f.md"));
+        r.unwrap();
+        assert!(unlink_upto > 0 && !fs.store().is_durable(unlink_upto));
+        let (r, close_upto) = fs.durable_later(|| fs.flush(theirs));
+        r.unwrap();
+        assert!(
+            close_upto >= unlink_upto,
+            "the close waits for commit {close_upto}, the unlink is {unlink_upto}"
+        );
+        // Once that sync has run, a close has nothing to wait for.
+        fs.store().sync_to(unlink_upto).unwrap();
+        assert_eq!(fs.durable_later(|| fs.flush(theirs)).1, 0);
+    }
 
     /// Under `durable_later` a durable operation commits (others see it at once) without
     /// syncing: it names the commit its answer waits for, counted as durable, and that commit

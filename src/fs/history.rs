@@ -77,11 +77,11 @@ impl Fs {
     }
 
     /// Commits `w` durably and tells open files and the kernel what it changed.
-    fn commit_out_of_band(&self, w: WriteTxn<'_>) -> Result<()> {
+    fn commit_out_of_band(&self, w: WriteTxn<'_>) -> Result<u64> {
         let (dirents, inodes) = w.touched();
-        self.commit(w, Sync::Durable)?;
+        let seq = self.commit_numbered(w, Sync::Durable)?;
         self.after_out_of_band(dirents, inodes);
-        Ok(())
+        Ok(seq)
     }
 
     /// Brings the whole store back to history point `seq`, in one new transaction. Returns
@@ -188,9 +188,9 @@ impl Fs {
         );
         let res = self.commit_out_of_band(w);
         for (ino, r) in removals {
-            self.finish_removal(ino, r, res.is_ok());
+            self.finish_removal(ino, r, res.as_ref().ok().copied());
         }
-        res
+        res.map(drop)
     }
 
     /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
@@ -241,16 +241,16 @@ impl Fs {
             inodes.push(dir);
         }
         self.describe(&mut w, caller, "expire", 0, |_| removed.clone(), 0, 0);
-        let res = self.commit(w, Sync::Durable);
+        let res = self.commit_numbered(w, Sync::Durable);
         if res.is_ok() {
             inodes.sort_unstable();
             inodes.dedup();
             self.after_out_of_band(names, inodes);
         }
         for (ino, r) in removals {
-            self.finish_removal(ino, r, res.is_ok());
+            self.finish_removal(ino, r, res.as_ref().ok().copied());
         }
-        res.map(|()| removed)
+        res.map(|_| removed)
     }
 
     /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle

@@ -184,8 +184,9 @@ impl Fs {
         }
     }
 
-    /// Commits an open file's buffered content durably. Lock order: the content lock (held
-    /// by the caller) before the store's write lock.
+    /// Commits an open file's buffered content durably, and notes the commit in
+    /// `f.durable_with` (under the content lock, before the buffer reads as clean). Lock
+    /// order: the content lock (held by the caller) before the store's write lock.
     pub(super) fn commit_file(&self, f: &FileSlot, g: &mut OpenFile) -> Result<()> {
         if !g.changed || f.unlinked.load(Ordering::Acquire) {
             return Ok(());
@@ -201,7 +202,7 @@ impl Fs {
                 if join.0 {
                     return Err(Error::Store(StoreError::Retry));
                 }
-                return Ok(false);
+                return Ok(None);
             };
             let (parent, name) = (inode.parent, inode.name.clone());
             self.describe(
@@ -216,13 +217,16 @@ impl Fs {
             g.stage(&mut w, inode)?;
             // Under the write lock, so a replace checked after this commit sees it.
             self.tracker.wrote(g.writer, g.ino, parent, &name);
-            self.commit(w, Sync::Durable).map(|()| true)
+            self.commit_numbered(w, Sync::Durable).map(Some)
         })?;
-        if !staged {
+        let Some(seq) = staged else {
             // Unlinked: nothing of the content is kept, once the removal is durable.
             f.unlinked.store(true, Ordering::Release);
             return Ok(self.store.sync()?);
-        }
+        };
+        // Before the buffer reads as clean: a close through another handle that finds nothing
+        // to commit waits for this commit's sync all the same.
+        f.durable_with.fetch_max(seq, Ordering::AcqRel);
         g.committed();
         self.unreserve(g);
         self.account(g)?;
@@ -498,8 +502,8 @@ impl Fs {
         self.commit_file(&f, &mut g)?;
         drop(g);
         // A file created and closed without a write (even one created O_RDONLY) becomes
-        // durable here.
-        self.sync_creation(&f)
+        // durable here, and so does content another handle's close or fsync committed.
+        self.sync_file(&f)
     }
 
     pub fn fsync(&self, fh: u64) -> Result<()> {
@@ -507,13 +511,15 @@ impl Fs {
         let mut g = lock(&f.content);
         self.commit_file(&f, &mut g)?;
         drop(g);
-        self.sync_creation(&f)
+        self.sync_file(&f)
     }
 
-    /// Makes the commit that created `f` durable, if it is not yet: only that one, so a
-    /// close does not pay an fsync for what other processes committed meanwhile.
-    pub(super) fn sync_creation(&self, f: &FileSlot) -> Result<()> {
-        let seq = f.created_in.load(Ordering::Acquire);
+    /// Makes `f.durable_with` durable, if it is not yet: only that commit, so a close does not
+    /// pay an fsync for what other processes committed meanwhile. A commit whose sync failed
+    /// fails this too (the log refuses every sync after a failed one), so every close and
+    /// fsync of the file reports the failure, not only the one that was waiting for it.
+    pub(super) fn sync_file(&self, f: &FileSlot) -> Result<()> {
+        let seq = f.durable_with.load(Ordering::Acquire);
         if seq != 0 && !super::durable::sync_later(seq) {
             self.store.sync_to(seq)?;
         }

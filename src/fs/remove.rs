@@ -33,16 +33,19 @@ impl Fs {
         Ok(())
     }
 
-    /// After the removal's transaction: undoes the claim if it did not commit. Once it did,
-    /// the open file (if any) is marked unlinked, so its content is committed no more, and
-    /// an orphan whose last reference went meanwhile is reclaimed now. Marked only now: a
-    /// removal staged but not yet committed (a batch's commit is later than its staging)
-    /// may still fail, and until it commits an fsync of the file must commit its content.
-    pub(super) fn finish_removal(&self, ino: u64, removal: Removal, committed: bool) {
+    /// After the removal's transaction (`committed`: its commit's number, None if it did not
+    /// commit): undoes the claim if it did not commit. Once it did, the open file (if any) is
+    /// marked unlinked, so its content is committed no more, and a close or fsync of it
+    /// waits for the removal's sync (`FileSlot::durable_with`); an orphan whose last
+    /// reference went meanwhile is reclaimed now. Marked only now: a removal staged but not
+    /// yet committed (a batch's commit is later than its staging) may still fail, and until
+    /// it commits an fsync of the file must commit its content.
+    pub(super) fn finish_removal(&self, ino: u64, removal: Removal, committed: Option<u64>) {
         match removal {
             Removal::Orphan => {
-                if committed {
+                if let Some(seq) = committed {
                     if let Some(f) = lock(&self.files).get(&ino) {
+                        f.durable_with.fetch_max(seq, Ordering::AcqRel);
                         f.unlinked.store(true, Ordering::Release);
                     }
                     self.reclaim_if_unused(ino);
@@ -51,8 +54,8 @@ impl Fs {
                 }
             }
             Removal::Delete => {
-                self.lifetimes.deleted(ino, committed);
-                if committed {
+                self.lifetimes.deleted(ino, committed.is_some());
+                if committed.is_some() {
                     self.tracker.deleted(ino);
                 }
             }
@@ -130,8 +133,8 @@ impl Fs {
             w.put_inode(&p)?;
             Ok(())
         })();
-        let res = staged.and_then(|()| self.commit(w, Sync::Durable));
-        self.finish_removal(ino, removal, res.is_ok());
-        res
+        let res = staged.and_then(|()| self.commit_numbered(w, Sync::Durable));
+        self.finish_removal(ino, removal, res.as_ref().ok().copied());
+        res.map(drop)
     }
 }

@@ -209,10 +209,11 @@ impl Fs {
                 }
                 Self::stage_move(&mut w, &mv)
             })();
-            let res = staged.and_then(|()| self.commit(w, Sync::Durable));
+            let res = staged.and_then(|()| self.commit_numbered(w, Sync::Durable));
             if let Some((d, r)) = removal {
-                self.finish_removal(d, r, res.is_ok());
+                self.finish_removal(d, r, res.as_ref().ok().copied());
             }
+            let res = res.map(drop);
             if res.is_ok() && src_kind == Kind::File {
                 if let Some(c) = &conflict {
                     self.report_lost_update("rename", new_parent, new_name.as_str(), c);
