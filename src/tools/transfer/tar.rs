@@ -146,6 +146,8 @@ pub fn import_tar(
 ) -> Result<ImportReport> {
     let target = target(store, into)?;
     let file = open_archive(tar)?;
+    extensions_bounded(&file)
+        .map_err(|e| format!("{}: {e}", shown(tar.as_os_str().as_encoded_bytes())))?;
     let mut report = ImportReport::default();
     let mut archive = Archive::new(BufReader::new(file));
     let bad = |e: io::Error| format!("{}: {e}", shown(tar.as_os_str().as_encoded_bytes()));
@@ -159,9 +161,113 @@ pub fn import_tar(
     Ok(report)
 }
 
-/// A path of the archive as the skip list shows it.
+/// A path of the archive as the skip list shows it: its first `SHOWN_MAX` bytes.
 fn shown(raw: &[u8]) -> String {
-    crate::private::escape(raw)
+    match raw.get(..SHOWN_MAX) {
+        Some(head) if raw.len() > SHOWN_MAX => {
+            format!("{}... ({} bytes)", crate::private::escape(head), raw.len())
+        }
+        _ => crate::private::escape(raw),
+    }
+}
+
+/// The most of a path the skip list shows: far more than any path the limits let in.
+const SHOWN_MAX: usize = 4096;
+
+/// The most bytes a GNU long name or long link, or a pax header, may hold: far more than any
+/// path the limits let in (`--max-path-bytes`), and little enough to hold in memory.
+const EXTENSION_MAX: u64 = 64 * 1024;
+
+/// Refuses an archive holding a GNU long name or long link, or a pax header, larger than
+/// `EXTENSION_MAX`: the `tar` crate reads each of those whole into memory, so the size an
+/// archive states would decide an allocation. Walks the headers once, reading nothing but
+/// them and the pax headers (each within the bound), and follows what moves the next header
+/// as the crate does: a pax `size` record and a GNU sparse header's extension blocks. Stops
+/// quietly at the end, at a header whose checksum fails or at a cut-short archive, where the
+/// crate's own reading reports the damage.
+fn extensions_bounded(file: &std::fs::File) -> std::result::Result<(), String> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: u64 = 512;
+    let read_at = |buf: &mut [u8], at: u64| match file.read_exact_at(buf, at) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e.to_string()),
+    };
+    let mut at = 0u64;
+    let mut pax_size = None;
+    let mut block = [0u8; BLOCK as usize];
+    while read_at(&mut block, at)? && block.iter().any(|&b| b != 0) {
+        let h = Header::from_byte_slice(&block);
+        let sum: u32 = block
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| {
+                if (148..156).contains(&i) {
+                    32
+                } else {
+                    u32::from(b)
+                }
+            })
+            .sum();
+        let Ok(size) = h.entry_size() else {
+            return Ok(());
+        };
+        if h.cksum().ok() != Some(sum) {
+            return Ok(());
+        }
+        let kind = h.entry_type();
+        let extension = kind.is_gnu_longname()
+            || kind.is_gnu_longlink()
+            || kind.is_pax_local_extensions()
+            || kind.is_pax_global_extensions();
+        let size = if extension {
+            if size > EXTENSION_MAX {
+                let what = if kind.is_gnu_longname() || kind.is_gnu_longlink() {
+                    "a long name"
+                } else {
+                    "a pax header"
+                };
+                return Err(format!(
+                    "{what} of {size} bytes at byte {at}, over the {EXTENSION_MAX} an import reads"
+                ));
+            }
+            size
+        } else {
+            pax_size.take().unwrap_or(size)
+        };
+        at += BLOCK;
+        if kind.is_pax_local_extensions() {
+            let mut data = vec![0u8; size as usize];
+            if !read_at(&mut data, at)? {
+                return Ok(());
+            }
+            for x in tar::PaxExtensions::new(&data).flatten() {
+                if x.key() == Ok("size") {
+                    pax_size = x.value().ok().and_then(|v| v.parse::<u64>().ok());
+                }
+            }
+        }
+        if kind.is_gnu_sparse() && h.as_gnu().is_some_and(|g| g.is_extended()) {
+            // Extension blocks of the sparse map follow the header, each saying if another does.
+            loop {
+                if !read_at(&mut block, at)? {
+                    return Ok(());
+                }
+                at += BLOCK;
+                if block[504] == 0 {
+                    break;
+                }
+            }
+        }
+        let Some(next) = size
+            .checked_next_multiple_of(BLOCK)
+            .and_then(|n| at.checked_add(n))
+        else {
+            return Ok(());
+        };
+        at = next;
+    }
+    Ok(())
 }
 
 /// Opens the archive: the caller's own argument (it may be reached through a symlink), a
@@ -203,12 +309,12 @@ fn pax_time(v: &str) -> Option<i64> {
         return None;
     }
     let nanos: i64 = format!("{digits:0<9}").parse().ok()?;
-    let ns = secs.saturating_mul(1_000_000_000);
-    Some(if s.starts_with('-') {
-        ns - nanos
+    let ns = secs.checked_mul(1_000_000_000)?;
+    if s.starts_with('-') {
+        ns.checked_sub(nanos)
     } else {
-        ns + nanos
-    })
+        ns.checked_add(nanos)
+    }
 }
 
 /// The archive's entries staged so far, by their path below the target (normalised names).
@@ -376,7 +482,15 @@ impl<'a> ArchiveStage<'a> {
         }
         let h = entry.header();
         let mode = h.mode().map_err(bad)? & 0o7777;
-        let (uid, gid) = (h.uid().map_err(bad)? as u32, h.gid().map_err(bad)? as u32);
+        let id = |v: io::Result<u64>| -> Result<u32> {
+            let v = v.map_err(bad)?;
+            u32::try_from(v).map_err(|_| format!("{path}: owner id {v} is out of range"))
+        };
+        let (uid, gid) = if self.root {
+            (id(h.uid())?, id(h.gid())?)
+        } else {
+            self.me
+        };
         let secs = h.mtime().map_err(bad)?.min(i64::MAX as u64) as i64;
         let mut mtime = time_ns(secs, 0);
         for x in entry.pax_extensions().map_err(bad)?.into_iter().flatten() {
@@ -393,8 +507,8 @@ impl<'a> ArchiveStage<'a> {
             path: path.to_string(),
             kind,
             perm: if self.root { mode } else { mode & 0o1777 },
-            uid: if self.root { uid } else { self.me.0 },
-            gid: if self.root { gid } else { self.me.1 },
+            uid,
+            gid,
             atime: mtime,
             mtime,
             content: (0, 0),
@@ -419,6 +533,65 @@ impl<'a> ArchiveStage<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An archive of `entries` (type, header size, data) as a file.
+    fn archive(entries: &[(EntryType, u64, Vec<u8>)]) -> tempfile::NamedTempFile {
+        let mut b = Builder::new(Vec::new());
+        for (i, (kind, size, data)) in entries.iter().enumerate() {
+            let mut h = Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_path(format!("e{i}")).unwrap();
+            h.set_size(*size);
+            h.set_mode(0o644);
+            h.set_cksum();
+            // The header as it is, then the data, whatever the header's size says.
+            b.get_mut().extend_from_slice(h.as_bytes());
+            b.get_mut().extend_from_slice(data);
+            let pad = data.len().next_multiple_of(512) - data.len();
+            b.get_mut().extend(std::iter::repeat_n(0u8, pad));
+        }
+        let bytes = b.into_inner().unwrap();
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&bytes).unwrap();
+        f
+    }
+
+    #[test]
+    fn an_oversized_long_name_or_pax_header_refuses_the_archive_before_it_is_read() {
+        let big = vec![b'a'; 1 << 20];
+        let long = archive(&[(EntryType::GNULongName, 1 << 20, big.clone())]);
+        let e = extensions_bounded(long.as_file()).unwrap_err();
+        assert!(e.contains("a long name of 1048576 bytes"), "{e}");
+        let pax = archive(&[(EntryType::XHeader, 1 << 20, big.clone())]);
+        let e = extensions_bounded(pax.as_file()).unwrap_err();
+        assert!(e.contains("a pax header of 1048576 bytes"), "{e}");
+
+        // Within the bound, and an ordinary archive: nothing to refuse.
+        let name = vec![b'n'; 300];
+        let fine = archive(&[
+            (EntryType::GNULongName, 300, name),
+            (EntryType::Regular, 5, b"hello".to_vec()),
+        ]);
+        extensions_bounded(fine.as_file()).unwrap();
+
+        // A pax size record moves the next header: the walk follows it to the long name
+        // behind a file whose ustar size field says 0.
+        let record = pax_record("size", "1024");
+        let hidden = archive(&[
+            (EntryType::XHeader, record.len() as u64, record.into_bytes()),
+            (EntryType::Regular, 0, vec![b'x'; 1024]),
+            (EntryType::GNULongName, 1 << 20, big),
+        ]);
+        let e = extensions_bounded(hidden.as_file()).unwrap_err();
+        assert!(e.contains("a long name"), "{e}");
+    }
+
+    #[test]
+    fn a_pax_time_out_of_range_is_no_time() {
+        assert_eq!(pax_time("9223372036.999999999"), None);
+        assert_eq!(pax_time("-9223372037.5"), None);
+        assert_eq!(pax_time("9223372036.5"), Some(9_223_372_036_500_000_000));
+    }
 
     #[test]
     fn pax_record_length_counts_itself() {
