@@ -192,6 +192,74 @@ fn path_limits_file_size_quota_and_file_count() {
     assert!(out.status.success());
 }
 
+/// `import` of a directory into a `--names portable` store, offline and through the mount:
+/// a name that differs only in case from one in the store, or from one the same import made,
+/// is skipped and listed, as the mount refuses it; `check` stays clean.
+#[test]
+fn import_into_a_portable_store_skips_names_that_differ_only_in_case() {
+    if !fuse_available() {
+        return;
+    }
+    let mut m = TestMount::with_args(&["--names", "portable"]);
+    std::fs::create_dir(m.path("d")).unwrap();
+    std::fs::write(m.path("d/Note.md"), "kept").unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let tree = |root: &Path, names: &[&str]| {
+        for n in names {
+            let p = root.join(n);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, n).unwrap();
+        }
+    };
+    let run = |args: &[&str]| {
+        let out = common::redbfs(args);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let offline = src.path().join("offline");
+    tree(&offline, &["d/note.md", "e/A.md", "e/a.md"]);
+    m.unmount();
+    let said = run(&[
+        "import",
+        offline.to_str().unwrap(),
+        m.store.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains("d/note.md: a sibling differs only in letter case"),
+        "{said}"
+    );
+    assert!(
+        said.contains("e/a.md: a sibling differs only in letter case"),
+        "{said}"
+    );
+    m.mount();
+    let mounted = src.path().join("mounted");
+    tree(&mounted, &["e/a.MD", "f/x.md"]);
+    let said = run(&[
+        "import",
+        mounted.to_str().unwrap(),
+        m.mountpoint.to_str().unwrap(),
+    ]);
+    assert!(
+        said.contains("e/a.MD: a sibling differs only in letter case"),
+        "{said}"
+    );
+    let names = |d: &str| {
+        let mut v: Vec<String> = std::fs::read_dir(m.path(d))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("d"), ["Note.md"]);
+    assert_eq!(names("e"), ["A.md"]);
+    assert_eq!(names("f"), ["x.md"]);
+    m.unmount();
+    let out = common::redbfs(&["check", m.store.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+}
+
 #[test]
 fn portable_names() {
     if !fuse_available() {

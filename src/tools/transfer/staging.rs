@@ -2,13 +2,15 @@
 //! an entry passes to be staged, the staged entries with their content (an anonymous
 //! temporary file), and the one write transaction that adds them to the store.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 
 use serde::Serialize;
 
 use super::super::common::{Result, err, lookup_path};
-use crate::fs::{Limits, Name};
+use crate::fs::name::fold_case;
+use crate::fs::{Limits, Name, NameError, NameRules};
 use crate::store::{Inode, Kind, OpInfo, Store, Sync, WriteTxn, now_ns};
 
 /// What `import` did.
@@ -220,6 +222,10 @@ fn commit_staged(
     let usage = w.usage().map_err(err)?;
     let mut entries = usage.files + usage.dirs;
     let mut content = usage.content_bytes;
+    // Under `--names portable`: each directory's names, case folded (read from the store the
+    // first time the directory is met, then each name made), so that no two differ only in
+    // case, as the mount refuses (`PortableCaseClash`).
+    let mut folded: HashMap<u64, HashSet<String>> = HashMap::new();
     for e in staged {
         let parent = match e.parent {
             None => Some(target),
@@ -246,6 +252,22 @@ fn commit_staged(
             }
             None => {}
         }
+        let names = match (limits.names, folded.entry(parent)) {
+            (NameRules::Portable, Entry::Occupied(o)) => Some(o.into_mut()),
+            (NameRules::Portable, Entry::Vacant(v)) => {
+                let there = w.list(parent, usize::MAX).map_err(err)?;
+                Some(v.insert(there.iter().map(|d| fold_case(&d.name)).collect()))
+            }
+            _ => None,
+        };
+        let key = names.as_ref().map(|_| fold_case(&e.name));
+        if let (Some(names), Some(key)) = (&names, &key)
+            && names.contains(key)
+        {
+            report.skip(e.path.clone(), NameError::PortableCaseClash.to_string());
+            made.push(None);
+            continue;
+        }
         // A staged file's content is (offset, length) in the staging file.
         let size = if e.kind == Kind::File { e.content.1 } else { 0 };
         if entries >= limits.max_files {
@@ -259,6 +281,9 @@ fn commit_staged(
         } else {
             entries += 1;
             content += size;
+            if let (Some(names), Some(key)) = (names, key) {
+                names.insert(key);
+            }
             let (ino, kind) = add_entry(w, e, (parent, now), staging, report)?;
             entries_made.insert((parent, e.name.as_str()), (ino, kind));
             made.push((kind == Kind::Dir).then_some(ino));
