@@ -232,6 +232,47 @@ fn an_import_into_a_user_is_held_by_its_quota_and_refused_whole() {
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
 }
 
+/// An import counts what open files have buffered against the store's `--quota`, as a write
+/// does: a file held open with 600 bytes written and not yet closed, under a 1,000-byte quota,
+/// leaves no room for an imported 600-byte file (it is skipped and listed), and the close
+/// then commits within the quota.
+#[test]
+fn an_import_counts_what_open_files_have_buffered_against_the_quota() {
+    let limits = Limits {
+        quota_bytes: 1000,
+        ..Limits::default()
+    };
+    let (_d, fs) = new_fs(limits);
+    let (_, fh) = fs
+        .create(ME, ROOT_INO, b"held.md", 0o644, 0, libc::O_WRONLY)
+        .unwrap();
+    fs.write(ME, fh, 0, &[1u8; 600]).unwrap();
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("in.md"), [2u8; 600]).unwrap();
+    let report =
+        redbfs::tools::import(fs.store(), fs.limits(), src.path(), "/", false, &mut |_| {})
+            .unwrap();
+    assert_eq!(report.files, 0, "{report:?}");
+    assert!(
+        report
+            .skipped
+            .iter()
+            .any(|(p, why)| p.ends_with("in.md") && why.contains("--quota")),
+        "{report:?}"
+    );
+    fs.flush(fh).unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(du(&fs, "/").bytes, 600);
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+    // Nothing held now: the import fits.
+    std::fs::write(src.path().join("in.md"), [2u8; 400]).unwrap();
+    let report =
+        redbfs::tools::import(fs.store(), fs.limits(), src.path(), "/", false, &mut |_| {})
+            .unwrap();
+    assert_eq!(report.files, 1, "{report:?}");
+    assert_eq!(fs.store().quota_held(), 0);
+}
+
 /// A commit that did not keep the aggregates (as an older release's would not) leaves them
 /// stale; the next open rebuilds them in one pass, keeping the quotas.
 #[test]

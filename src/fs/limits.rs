@@ -26,7 +26,7 @@ impl Fs {
         if extra == 0 {
             return Ok(());
         }
-        let total = self.reserved.fetch_add(extra, Ordering::AcqRel) + extra;
+        let total = self.store.hold_quota(extra);
         let checked = if limit == 0 {
             Ok(())
         } else {
@@ -40,7 +40,7 @@ impl Fs {
         }
         .and_then(|()| self.reserve_in_dirs(g, extra));
         if let Err(e) = checked {
-            self.reserved.fetch_sub(extra, Ordering::AcqRel);
+            self.store.release_quota(extra);
             return Err(e);
         }
         g.reserved += extra;
@@ -78,7 +78,7 @@ impl Fs {
     /// in the store's usage) or dropped.
     pub(super) fn unreserve(&self, g: &mut OpenFile) {
         if g.reserved > 0 {
-            self.reserved.fetch_sub(g.reserved, Ordering::AcqRel);
+            self.store.release_quota(g.reserved);
             g.reserved = 0;
         }
         self.unreserve_in_dirs(g);

@@ -276,8 +276,6 @@ pub struct Fs {
     invalidator: Mutex<Option<history::SharedInvalidator>>,
     lifetimes: Lifetimes,
     tracker: Tracker,
-    /// Bytes open files have buffered beyond their committed size, counted against the quota.
-    reserved: AtomicU64,
     /// Bytes of memory open files' buffers hold, kept under `--max-buffer`.
     buffered: AtomicU64,
     /// Bytes open files have buffered beyond their committed size, per directory with a
@@ -321,7 +319,6 @@ impl Fs {
             poisoned: AtomicBool::new(false),
             invalidator: Mutex::new(None),
             lifetimes: Lifetimes::default(),
-            reserved: AtomicU64::new(0),
             buffered: AtomicU64::new(0),
             dir_reserved: Mutex::new(HashMap::new()),
             any_quota: AtomicBool::new(false),

@@ -47,7 +47,7 @@ pub mod wal;
 mod write;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use redb::Database;
@@ -305,9 +305,31 @@ pub struct Store {
     /// when the store opened: how busy its one writer is (see `Store::commit_stats`).
     writer_busy_ns: Arc<AtomicU64>,
     opened: std::time::Instant,
+    /// Content bytes promised beyond what the store holds, counted against `--quota` by
+    /// every path in: what open files of the mount have buffered beyond their committed size
+    /// (`Fs::reserve`), and an import's files while it commits (see `Store::hold_quota`).
+    quota_held: AtomicU64,
 }
 
 impl Store {
+    /// Counts `bytes` more as promised against the quota (`quota_held`); the total promised
+    /// now, these included. Each caller adds its share before it compares the store's
+    /// content plus the total with the quota, so of two that race, the later sees the
+    /// other's share.
+    pub fn hold_quota(&self, bytes: u64) -> u64 {
+        self.quota_held.fetch_add(bytes, Ordering::AcqRel) + bytes
+    }
+
+    /// Gives back `bytes` of a `hold_quota` (its commit counts them now, or it failed).
+    pub fn release_quota(&self, bytes: u64) {
+        self.quota_held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// The bytes promised against the quota now (see `hold_quota`).
+    pub fn quota_held(&self) -> u64 {
+        self.quota_held.load(Ordering::Acquire)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -109,6 +109,7 @@ impl Store {
             batches: Default::default(),
             numbered_commits: AtomicU64::new(0),
             redb_commits: AtomicU64::new(0),
+            quota_held: AtomicU64::new(0),
             writer_busy_ns: Default::default(),
             opened: std::time::Instant::now(),
         }

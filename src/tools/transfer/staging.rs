@@ -153,16 +153,42 @@ pub(super) fn commit(
     strict: bool,
     report: &mut ImportReport,
 ) -> Result<()> {
-    let strict_error = |report: &ImportReport| {
-        let (p, why) = &report.skipped[0];
-        format!(
-            "--strict: {p}: {why} ({} entries would be skipped)",
-            report.skipped.len()
-        )
-    };
     if strict && !report.skipped.is_empty() {
         return Err(strict_error(report));
     }
+    // The files' bytes are promised against the quota while the import commits, as an open
+    // file's buffered bytes are: a write on the mount that races the import counts them, and
+    // the import counts what open files hold (the mount's writers add theirs first, too).
+    let own = if limits.quota_bytes > 0 {
+        staged.0.iter().map(|e| e.content.1).sum()
+    } else {
+        0
+    };
+    store.hold_quota(own);
+    let res = commit_held(store, limits, staged, target, strict, report, own);
+    store.release_quota(own);
+    res
+}
+
+/// Why `--strict` refuses an import that skipped something.
+fn strict_error(report: &ImportReport) -> String {
+    let (p, why) = &report.skipped[0];
+    format!(
+        "--strict: {p}: {why} ({} entries would be skipped)",
+        report.skipped.len()
+    )
+}
+
+/// `commit`, with `own` bytes of the quota held for the import's files.
+fn commit_held(
+    store: &Store,
+    limits: &Limits,
+    staged: &(Vec<Staged>, Staging),
+    target: &Target,
+    strict: bool,
+    report: &mut ImportReport,
+    own: u64,
+) -> Result<()> {
     let mut w = store.write().map_err(err)?;
     // Its history record names the directory it went below, so `log PATH` of any path it
     // made finds it (as a record naming a directory above the path).
@@ -175,7 +201,8 @@ pub(super) fn commit(
         pid: std::process::id(),
         ..OpInfo::default()
     });
-    commit_staged(&mut w, limits, staged, target.ino, report)?;
+    let held = store.quota_held().saturating_sub(own);
+    commit_staged(&mut w, limits, staged, target.ino, held, report)?;
     if strict && !report.skipped.is_empty() {
         return Err(strict_error(report));
     }
@@ -212,6 +239,7 @@ fn commit_staged(
     limits: &Limits,
     (staged, staging): &(Vec<Staged>, Staging),
     target: u64,
+    held: u64,
     report: &mut ImportReport,
 ) -> Result<()> {
     // The inode each staged directory became (None: skipped, and so is everything below it).
@@ -221,7 +249,8 @@ fn commit_staged(
     let now = now_ns();
     let usage = w.usage().map_err(err)?;
     let mut entries = usage.files + usage.dirs;
-    let mut content = usage.content_bytes;
+    // What open files have buffered beyond their committed size counts as content.
+    let mut content = usage.content_bytes.saturating_add(held);
     // Under `--names portable`: each directory's names, case folded (read from the store the
     // first time the directory is met, then each name made), so that no two differ only in
     // case, as the mount refuses (`PortableCaseClash`).
