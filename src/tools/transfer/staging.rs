@@ -165,30 +165,7 @@ pub(super) fn commit(
         0
     };
     store.hold_quota(own);
-    let res = commit_held(store, limits, staged, target, strict, report, own);
-    store.release_quota(own);
-    res
-}
-
-/// Why `--strict` refuses an import that skipped something.
-fn strict_error(report: &ImportReport) -> String {
-    let (p, why) = &report.skipped[0];
-    format!(
-        "--strict: {p}: {why} ({} entries would be skipped)",
-        report.skipped.len()
-    )
-}
-
-/// `commit`, with `own` bytes of the quota held for the import's files.
-fn commit_held(
-    store: &Store,
-    limits: &Limits,
-    staged: &(Vec<Staged>, Staging),
-    target: &Target,
-    strict: bool,
-    report: &mut ImportReport,
-    own: u64,
-) -> Result<()> {
+    let _held = Held(store, own);
     let mut w = store.write().map_err(err)?;
     // Its history record names the directory it went below, so `log PATH` of any path it
     // made finds it (as a record naming a directory above the path).
@@ -222,6 +199,24 @@ fn commit_held(
         }
         e => err(e),
     })
+}
+
+/// Bytes of the quota an import holds while it commits, given back however it ends.
+struct Held<'a>(&'a Store, u64);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.release_quota(self.1);
+    }
+}
+
+/// Why `--strict` refuses an import that skipped something.
+fn strict_error(report: &ImportReport) -> String {
+    let (p, why) = &report.skipped[0];
+    format!(
+        "--strict: {p}: {why} ({} entries would be skipped)",
+        report.skipped.len()
+    )
 }
 
 /// Writes the staged entries below `target` in `w`. A directory that already exists takes the
