@@ -313,3 +313,50 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
         assert!(err.contains("user_allow_other"), "{err}");
     }
 }
+
+/// Run by a user who is not root, `import` of a directory makes what the user owns, with
+/// setuid and setgid bits dropped, as `import --tar` and the mount do: a root-owned setuid
+/// file in the source becomes the user's, mode 0755.
+#[test]
+fn what_a_user_imports_is_theirs_without_setuid_bits() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a user: run it as root (CI does)"
+    );
+    let ids = user_ids();
+    let home = tempfile::Builder::new()
+        .prefix("redbfs-user-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    nix::unistd::chown(
+        home.path(),
+        Some(nix::unistd::Uid::from_raw(ids.0)),
+        Some(nix::unistd::Gid::from_raw(ids.1)),
+    )
+    .unwrap();
+    let src = home.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(src.join("tool"), "x").unwrap();
+    std::fs::set_permissions(src.join("tool"), std::fs::Permissions::from_mode(0o6755)).unwrap();
+    let bin = redbfs_bin();
+    ok(
+        "import",
+        as_user(ids, home.path(), &bin, &["import", "src", "s.redb"]),
+    );
+    let listed = ok(
+        "ls",
+        as_user(ids, home.path(), &bin, &["ls", "s.redb", "/", "--json"]),
+    );
+    let entries: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let tool = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "tool")
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(tool["uid"], ids.0, "{tool}");
+    assert_eq!(tool["gid"], ids.1, "{tool}");
+    assert_eq!(tool["mode"], 0o755, "{tool}");
+}

@@ -13,7 +13,7 @@ use nix::sys::stat::{Mode, fstat, fstatat};
 
 use super::super::common::Result;
 use super::staging::{
-    ImportReport, SPECIAL, SYMLINK, Staged, Staging, admit, commit, target, time_ns,
+    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, admit, commit, target, time_ns,
 };
 use crate::fs::Limits;
 use crate::store::{Kind, Store};
@@ -34,7 +34,7 @@ use crate::store::{Kind, Store};
 /// that descriptor, and read only through it, so a name swapped for a symlink or a FIFO is
 /// skipped, never followed or waited on. The walk is iterative and goes no deeper than the
 /// store's `--max-depth`, holding one descriptor per level. Paths in the skip list are
-/// escaped (`private::escape`).
+/// escaped (`private::escape`). Owners and modes: see `Importer`.
 pub fn import(
     store: &Store,
     limits: &Limits,
@@ -212,14 +212,15 @@ fn stage_entry(
     if !is_dir && st.st_size as u64 > limits.max_file_bytes {
         return skip(&over);
     }
+    let (perm, uid, gid) = Importer::current().owns(st.st_mode, || Ok((st.st_uid, st.st_gid)))?;
     let mut entry = Staged {
         parent: None,
         name: name.as_str().to_string(),
         path: shown(path),
         kind: if is_dir { Kind::Dir } else { Kind::File },
-        perm: st.st_mode & 0o7777,
-        uid: st.st_uid,
-        gid: st.st_gid,
+        perm,
+        uid,
+        gid,
         atime: time_ns(st.st_atime, st.st_atime_nsec),
         mtime: time_ns(st.st_mtime, st.st_mtime_nsec),
         content: (0, 0),

@@ -117,6 +117,50 @@ pub(super) fn target(store: &Store, into: &str) -> Result<Target> {
     })
 }
 
+/// Who runs an import, which decides the owner and mode of what it makes: run as root, an
+/// entry keeps the owner and mode its source records; run by another user, that user owns it
+/// and setuid and setgid bits are dropped, as `tar -x` and `cp` do. The same for a directory
+/// and an archive, and through the daemon (whose user is the mount's).
+#[derive(Clone, Copy)]
+pub(super) struct Importer {
+    root: bool,
+    me: (u32, u32),
+}
+
+impl Importer {
+    /// This process's effective user and group (read once).
+    pub(super) fn current() -> Importer {
+        static ME: std::sync::OnceLock<Importer> = std::sync::OnceLock::new();
+        *ME.get_or_init(|| {
+            let uid = nix::unistd::geteuid();
+            Importer {
+                root: uid.is_root(),
+                me: (uid.as_raw(), nix::unistd::getegid().as_raw()),
+            }
+        })
+    }
+
+    /// The importing user and group: the owner of a directory an archive implies.
+    pub(super) fn me(&self) -> (u32, u32) {
+        self.me
+    }
+
+    /// (perm, uid, gid) of an entry whose source records `perm` and the owner `owner()`
+    /// gives (asked only when it is kept).
+    pub(super) fn owns(
+        &self,
+        perm: u32,
+        owner: impl FnOnce() -> Result<(u32, u32)>,
+    ) -> Result<(u32, u32, u32)> {
+        if self.root {
+            let (uid, gid) = owner()?;
+            Ok((perm & 0o7777, uid, gid))
+        } else {
+            Ok((perm & 0o1777, self.me.0, self.me.1))
+        }
+    }
+}
+
 /// The name `raw` takes in the store, as an entry at `depth` below a directory whose path has
 /// `parent_bytes` bytes: the same rules and limits as an entry made through the mount, never
 /// deeper, never longer. Err: why it has no place, for the skip list.

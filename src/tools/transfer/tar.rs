@@ -13,7 +13,8 @@ use tar::{Archive, Builder, Entry, EntryType, Header};
 use super::super::common::{EntryInfo, Result, err, lookup_path, read_content, tree};
 use super::export::ExportReport;
 use super::staging::{
-    ImportReport, SPECIAL, SYMLINK, Staged, Staging, Target, admit, commit, target, time_ns,
+    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, Target, admit, commit, target,
+    time_ns,
 };
 use crate::fs::Limits;
 use crate::store::{Kind, ReadTxn, Store, now_ns};
@@ -328,14 +329,12 @@ struct ArchiveStage<'a> {
     /// Paths skipped for what they are: nothing goes below them.
     refused: HashSet<Vec<String>>,
     /// The importing user, who owns what the archive implies and, unless root, everything.
-    me: (u32, u32),
-    root: bool,
+    who: Importer,
     now: i64,
 }
 
 impl<'a> ArchiveStage<'a> {
     fn new(limits: &'a Limits, target: &Target) -> ArchiveStage<'a> {
-        let uid = nix::unistd::geteuid();
         ArchiveStage {
             limits,
             base: (target.depth, target.bytes),
@@ -343,8 +342,7 @@ impl<'a> ArchiveStage<'a> {
             staging: Staging::default(),
             index: HashMap::new(),
             refused: HashSet::new(),
-            me: (uid.as_raw(), nix::unistd::getegid().as_raw()),
-            root: uid.is_root(),
+            who: Importer::current(),
             now: now_ns(),
         }
     }
@@ -448,8 +446,8 @@ impl<'a> ArchiveStage<'a> {
                         path: shown(names[..n].join("/").as_bytes()),
                         kind: Kind::Dir,
                         perm: 0o700,
-                        uid: self.me.0,
-                        gid: self.me.1,
+                        uid: self.who.me().0,
+                        gid: self.who.me().1,
                         atime: self.now,
                         mtime: self.now,
                         content: (0, 0),
@@ -486,11 +484,7 @@ impl<'a> ArchiveStage<'a> {
             let v = v.map_err(bad)?;
             u32::try_from(v).map_err(|_| format!("{path}: owner id {v} is out of range"))
         };
-        let (uid, gid) = if self.root {
-            (id(h.uid())?, id(h.gid())?)
-        } else {
-            self.me
-        };
+        let (perm, uid, gid) = self.who.owns(mode, || Ok((id(h.uid())?, id(h.gid())?)))?;
         let secs = h.mtime().map_err(bad)?.min(i64::MAX as u64) as i64;
         let mut mtime = time_ns(secs, 0);
         for x in entry.pax_extensions().map_err(bad)?.into_iter().flatten() {
@@ -506,7 +500,7 @@ impl<'a> ArchiveStage<'a> {
             name: String::new(),
             path: path.to_string(),
             kind,
-            perm: if self.root { mode } else { mode & 0o1777 },
+            perm,
             uid,
             gid,
             atime: mtime,
