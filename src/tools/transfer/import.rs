@@ -13,7 +13,8 @@ use nix::sys::stat::{Mode, fstat, fstatat};
 
 use super::super::common::Result;
 use super::staging::{
-    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, admit, commit, target, time_ns,
+    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, admit, commit, file_cap, target,
+    time_ns,
 };
 use crate::fs::Limits;
 use crate::store::{Kind, Store};
@@ -208,8 +209,8 @@ fn stage_entry(
     if (st.st_mode & libc::S_IFMT == libc::S_IFDIR) != is_dir {
         return skip(CHANGED);
     }
-    let over = format!("over --max-file-bytes {}", limits.max_file_bytes);
-    if !is_dir && st.st_size as u64 > limits.max_file_bytes {
+    let (max, over) = file_cap(limits);
+    if !is_dir && st.st_size as u64 > max {
         return skip(&over);
     }
     let (perm, uid, gid) = Importer::current().owns(st.st_mode, || Ok((st.st_uid, st.st_gid)))?;
@@ -232,10 +233,10 @@ fn stage_entry(
     let mut data = Vec::new();
     let mut f = std::fs::File::from(fd);
     (&mut f)
-        .take(limits.max_file_bytes.saturating_add(1))
+        .take(max.saturating_add(1))
         .read_to_end(&mut data)
         .map_err(|e| format!("{}: {e}", shown(path)))?;
-    if data.len() as u64 > limits.max_file_bytes {
+    if data.len() as u64 > max {
         return skip(&over);
     }
     entry.content = staging.put(&data)?;

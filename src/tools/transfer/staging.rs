@@ -161,6 +161,24 @@ impl Importer {
     }
 }
 
+/// The most bytes an imported file may hold, and why a larger one is skipped: its
+/// `--max-file-bytes`, or the whole `--quota` when that is lower (a file larger than the quota
+/// can never fit), so no such file is read or staged.
+pub(super) fn file_cap(limits: &Limits) -> (u64, String) {
+    let q = limits.quota_bytes;
+    if q > 0 && q < limits.max_file_bytes {
+        (q, quota_refusal(limits))
+    } else {
+        let max = limits.max_file_bytes;
+        (max, format!("over --max-file-bytes {max}"))
+    }
+}
+
+/// Why an entry that would take the store over `--quota` is skipped.
+fn quota_refusal(limits: &Limits) -> String {
+    format!("over --quota {} content bytes", limits.quota_bytes)
+}
+
 /// The name `raw` takes in the store, as an entry at `depth` below a directory whose path has
 /// `parent_bytes` bytes: the same rules and limits as an entry made through the mount, never
 /// deeper, never longer. Err: why it has no place, for the skip list.
@@ -344,8 +362,7 @@ fn commit_staged(
                 format!("over --max-files {}", limits.max_files),
             );
         } else if limits.quota_bytes > 0 && content + size > limits.quota_bytes {
-            let why = format!("over --quota {} content bytes", limits.quota_bytes);
-            report.skip(e.path.clone(), why);
+            report.skip(e.path.clone(), quota_refusal(limits));
         } else {
             entries += 1;
             content += size;
@@ -404,4 +421,26 @@ fn add_entry(
     report.files += 1;
     report.bytes += inode.size;
     Ok((inode.ino, e.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file larger than the whole quota is never read: its cap is the quota when that is
+    /// lower than `--max-file-bytes`, with the reason the commit would give.
+    #[test]
+    fn a_file_is_capped_by_the_lower_of_max_file_bytes_and_the_quota() {
+        let mut limits = Limits::default();
+        let max = limits.max_file_bytes;
+        assert_eq!(
+            file_cap(&limits),
+            (max, format!("over --max-file-bytes {max}"))
+        );
+        limits.quota_bytes = 1000;
+        assert_eq!(file_cap(&limits), (1000, quota_refusal(&limits)));
+        assert_eq!(quota_refusal(&limits), "over --quota 1000 content bytes");
+        limits.quota_bytes = max + 1;
+        assert_eq!(file_cap(&limits).0, max);
+    }
 }

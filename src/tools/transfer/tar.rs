@@ -13,8 +13,8 @@ use tar::{Archive, Builder, Entry, EntryType, Header};
 use super::super::common::{EntryInfo, Result, err, lookup_path, read_content, tree};
 use super::export::ExportReport;
 use super::staging::{
-    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, Target, admit, commit, target,
-    time_ns,
+    ImportReport, Importer, SPECIAL, SYMLINK, Staged, Staging, Target, admit, commit, file_cap,
+    target, time_ns,
 };
 use crate::fs::Limits;
 use crate::store::{Kind, ReadTxn, Store, now_ns};
@@ -472,8 +472,7 @@ impl<'a> ArchiveStage<'a> {
         report: &mut ImportReport,
     ) -> Result<Option<Staged>> {
         let bad = |e: io::Error| format!("{path}: {e}");
-        let max = self.limits.max_file_bytes;
-        let over = format!("over --max-file-bytes {max}");
+        let (max, over) = file_cap(self.limits);
         if kind == Kind::File && entry.size() > max {
             report.skip(path.to_string(), over);
             return Ok(None);
