@@ -90,6 +90,22 @@ fn user_ids() -> (u32, u32) {
 }
 
 /// Runs `program args` as the test user, in `dir`, with a plain environment.
+/// A fresh directory the test user owns (0755), removed when dropped.
+fn user_home(ids: (u32, u32)) -> tempfile::TempDir {
+    let home = tempfile::Builder::new()
+        .prefix("redbfs-user-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    nix::unistd::chown(
+        home.path(),
+        Some(nix::unistd::Uid::from_raw(ids.0)),
+        Some(nix::unistd::Gid::from_raw(ids.1)),
+    )
+    .unwrap();
+    home
+}
+
 fn as_user(ids: (u32, u32), dir: &Path, program: &Path, args: &[&str]) -> Output {
     Command::new(program)
         .args(args)
@@ -165,17 +181,7 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
     );
     let ids = user_ids();
 
-    let home = tempfile::Builder::new()
-        .prefix("redbfs-user-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    nix::unistd::chown(
-        home.path(),
-        Some(nix::unistd::Uid::from_raw(ids.0)),
-        Some(nix::unistd::Gid::from_raw(ids.1)),
-    )
-    .unwrap();
+    let home = user_home(ids);
     let dir = home.path();
     let bin = redbfs_bin();
     let mnt = dir.join("memory-store");
@@ -324,17 +330,7 @@ fn what_a_user_imports_is_theirs_without_setuid_bits() {
         "this test makes a user: run it as root (CI does)"
     );
     let ids = user_ids();
-    let home = tempfile::Builder::new()
-        .prefix("redbfs-user-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    nix::unistd::chown(
-        home.path(),
-        Some(nix::unistd::Uid::from_raw(ids.0)),
-        Some(nix::unistd::Gid::from_raw(ids.1)),
-    )
-    .unwrap();
+    let home = user_home(ids);
     let src = home.path().join("src");
     std::fs::create_dir(&src).unwrap();
     std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o755)).unwrap();
