@@ -273,6 +273,104 @@ fn an_import_counts_what_open_files_have_buffered_against_the_quota() {
     assert_eq!(fs.store().quota_held(), 0);
 }
 
+/// An import stages no more than the store could ever hold: a source of 60 files of 100 bytes
+/// (30 of them in a directory), into a store of at most 12 entries and 1,000 content bytes,
+/// never has more than 12 entries staged (progress hears the count staged) nor more than
+/// 1,000 bytes, both as a directory and as a tar archive. What is past the limits is skipped
+/// with the limit's reason, and the store stays within both. Before, staging held every entry
+/// the source offered: 400,000 empty tar entries against `--max-files 10` took 270 MB.
+#[test]
+fn an_import_stages_no_more_entries_or_bytes_than_the_limits_allow() {
+    let src = tempfile::tempdir().unwrap();
+    let sub = src.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    for i in 0..30 {
+        std::fs::write(src.path().join(format!("f{i:02}")), [b'a'; 100]).unwrap();
+        std::fs::write(sub.join(format!("g{i:02}")), [b'b'; 100]).unwrap();
+    }
+    let archive = tempfile::tempdir().unwrap();
+    let tar_path = archive.path().join("all.tar");
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", src.path()).unwrap();
+    std::fs::write(&tar_path, b.into_inner().unwrap()).unwrap();
+    let bounded = |limits: Limits| {
+        for tar in [false, true] {
+            let (_d, fs) = new_fs(limits.clone());
+            let mut most = 0;
+            let import = if tar {
+                redbfs::tools::import_tar
+            } else {
+                redbfs::tools::import
+            };
+            let from: &Path = if tar { &tar_path } else { src.path() };
+            let report = import(fs.store(), fs.limits(), from, "/", false, &mut |n| {
+                most = most.max(n)
+            })
+            .unwrap();
+            let staged_most = limits.max_files.min(if limits.quota_bytes > 0 {
+                limits.quota_bytes / 100 + 1 // the files that fit and the directory `sub`
+            } else {
+                u64::MAX
+            });
+            assert!(most <= staged_most, "tar {tar}: {most} staged, {report:?}");
+            let du = du(&fs, "/");
+            assert!(du.files + du.dirs <= limits.max_files, "{du:?}");
+            if limits.quota_bytes > 0 {
+                assert!(du.bytes <= limits.quota_bytes, "{du:?}");
+                assert!(
+                    report
+                        .skipped
+                        .iter()
+                        .any(|(_, w)| w.contains("over --quota"))
+                );
+            } else {
+                assert!(
+                    report
+                        .skipped
+                        .iter()
+                        .any(|(_, w)| w.contains("over --max-files 12"))
+                );
+            }
+            assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+        }
+    };
+    bounded(Limits {
+        max_files: 12,
+        ..Limits::default()
+    });
+    bounded(Limits {
+        quota_bytes: 1000,
+        ..Limits::default()
+    });
+}
+
+/// An import lists the first 10,000 entries it skips and counts the rest, so a source of
+/// millions of symlinks costs no memory for each; `--strict` names the whole count.
+#[test]
+fn an_import_lists_the_first_ten_thousand_skipped_entries_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let tar_path = dir.path().join("links.tar");
+    let mut b = tar::Builder::new(Vec::new());
+    for i in 0..12_345 {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, format!("l{i}"), "target").unwrap();
+    }
+    std::fs::write(&tar_path, b.into_inner().unwrap()).unwrap();
+    let (_d, fs) = new_fs(Limits::default());
+    let import = |strict| {
+        redbfs::tools::import_tar(fs.store(), fs.limits(), &tar_path, "/", strict, &mut |_| {})
+    };
+    let report = import(false).unwrap();
+    assert_eq!(report.skipped.len(), 10_000);
+    assert_eq!(report.skipped_unlisted, 2_345);
+    assert_eq!(report.skipped_count(), 12_345);
+    assert_eq!(report.skipped[0].0, "l0");
+    let e = import(true).unwrap_err();
+    assert!(e.contains("(12345 entries would be skipped)"), "{e}");
+}
+
 /// A commit that did not keep the aggregates (as an older release's would not) leaves them
 /// stale; the next open rebuilds them in one pass, keeping the quotas.
 #[test]

@@ -551,8 +551,15 @@ pub(super) fn imported(report: &Value, f: Format) {
         outln!("{report}");
         return;
     }
-    for s in report["skipped"].as_array().into_iter().flatten() {
+    let listed = report["skipped"].as_array().map_or(&[][..], Vec::as_slice);
+    for s in listed {
         errln!("skipped {}: {}", text(&s[0]), text(&s[1]));
+    }
+    if let Some(n) = report["skipped_unlisted"].as_u64().filter(|&n| n > 0) {
+        errln!(
+            "skipped {n} more entries, not listed (an import lists the first {})",
+            listed.len()
+        );
     }
     errln!(
         "imported {} files, {} directories, {} bytes",

@@ -135,9 +135,8 @@ fn stage_tree(
         let path = top.path.join(&raw);
         let at = (top.depth + 1, top.bytes);
         let parent = top.index;
-        if let Some((fd, entry)) =
-            stage_entry(limits, &top.fd, &raw, &path, at, &mut staging, report)?
-        {
+        let stage = (&mut staging, staged.len() + 1);
+        if let Some((fd, entry)) = stage_entry(limits, &top.fd, &raw, &path, at, stage, report)? {
             let (kind, bytes) = (entry.kind, at.1 + 1 + entry.name.len());
             staged.push(Staged { parent, ..entry });
             if kind == Kind::Dir {
@@ -158,14 +157,14 @@ fn stage_tree(
 }
 
 /// Looks at one entry of the source, `depth` levels deep below a directory of `parent_bytes`
-/// path bytes in the store, and stages it, or lists it as skipped (None).
+/// path bytes in the store, and stages it as the `entries`th, or lists it as skipped (None).
 fn stage_entry(
     limits: &Limits,
     dir: &OwnedFd,
     raw: &OsStr,
     path: &Path,
     (depth, parent_bytes): (usize, usize),
-    staging: &mut Staging,
+    (staging, entries): (&mut Staging, usize),
     report: &mut ImportReport,
 ) -> Result<Option<(OwnedFd, Staged)>> {
     let mut skip = |why: &str| {
@@ -213,6 +212,10 @@ fn stage_entry(
     if !is_dir && st.st_size as u64 > max {
         return skip(&over);
     }
+    let size = if is_dir { 0 } else { st.st_size as u64 };
+    if let Some(why) = staging.refuse(limits, entries, size) {
+        return skip(&why);
+    }
     let (perm, uid, gid) = Importer::current().owns(st.st_mode, || Ok((st.st_uid, st.st_gid)))?;
     let mut entry = Staged {
         parent: None,
@@ -238,6 +241,9 @@ fn stage_entry(
         .map_err(|e| format!("{}: {e}", shown(path)))?;
     if data.len() as u64 > max {
         return skip(&over);
+    }
+    if let Some(why) = staging.over_quota(limits, data.len() as u64) {
+        return skip(&why);
     }
     entry.content = staging.put(&data)?;
     Ok(Some((OwnedFd::from(f), entry)))

@@ -19,13 +19,28 @@ pub struct ImportReport {
     pub files: u64,
     pub dirs: u64,
     pub bytes: u64,
-    /// (path, reason) of everything left out.
+    /// (path, reason) of what was left out: the first `SKIP_LIST_MAX` entries.
     pub skipped: Vec<(String, String)>,
+    /// How many more were left out, counted but not listed.
+    pub skipped_unlisted: u64,
 }
+
+/// The most skipped entries an import lists by path; the rest are counted, so that a source
+/// of millions of symlinks or bad names costs no memory for each.
+pub(crate) const SKIP_LIST_MAX: usize = 10_000;
 
 impl ImportReport {
     pub(super) fn skip(&mut self, path: String, why: impl Into<String>) {
-        self.skipped.push((path, why.into()));
+        if self.skipped.len() < SKIP_LIST_MAX {
+            self.skipped.push((path, why.into()));
+        } else {
+            self.skipped_unlisted += 1;
+        }
+    }
+
+    /// Every entry left out, listed or not.
+    pub fn skipped_count(&self) -> u64 {
+        self.skipped.len() as u64 + self.skipped_unlisted
     }
 }
 
@@ -62,6 +77,24 @@ pub(super) struct Staging {
 }
 
 impl Staging {
+    /// Why staging would not take an entry of `size` content bytes that makes `entries`
+    /// entries staged (or remembered), if it would not. A store never holds more entries than
+    /// `--max-files` nor more content than `--quota`, so staging holds no more of either,
+    /// whatever the source offers: its memory and its file are bounded by the limits, not by
+    /// the source. The commit, counting what the store holds, may skip more.
+    pub fn refuse(&self, limits: &Limits, entries: usize, size: u64) -> Option<String> {
+        if entries as u64 > limits.max_files {
+            return Some(max_files_refusal(limits));
+        }
+        self.over_quota(limits, size)
+    }
+
+    /// Why `size` more content bytes would take staging over `--quota`, if they would.
+    pub fn over_quota(&self, limits: &Limits, size: u64) -> Option<String> {
+        let q = limits.quota_bytes;
+        (q > 0 && self.len.saturating_add(size) > q).then(|| quota_refusal(limits))
+    }
+
     pub fn put(&mut self, data: &[u8]) -> Result<(u64, u64)> {
         if self.file.is_none() {
             self.file = Some(tempfile::tempfile().map_err(|e| format!("staging file: {e}"))?);
@@ -174,6 +207,11 @@ pub(super) fn file_cap(limits: &Limits) -> (u64, String) {
     }
 }
 
+/// Why an entry that would take the store past `--max-files` is skipped.
+fn max_files_refusal(limits: &Limits) -> String {
+    format!("over --max-files {}", limits.max_files)
+}
+
 /// Why an entry that would take the store over `--quota` is skipped.
 fn quota_refusal(limits: &Limits) -> String {
     format!("over --quota {} content bytes", limits.quota_bytes)
@@ -277,7 +315,7 @@ fn strict_error(report: &ImportReport) -> String {
     let (p, why) = &report.skipped[0];
     format!(
         "--strict: {p}: {why} ({} entries would be skipped)",
-        report.skipped.len()
+        report.skipped_count()
     )
 }
 
@@ -357,10 +395,7 @@ fn commit_staged(
         // A staged file's content is (offset, length) in the staging file.
         let size = if e.kind == Kind::File { e.content.1 } else { 0 };
         if entries >= limits.max_files {
-            report.skip(
-                e.path.clone(),
-                format!("over --max-files {}", limits.max_files),
-            );
+            report.skip(e.path.clone(), max_files_refusal(limits));
         } else if limits.quota_bytes > 0 && content + size > limits.quota_bytes {
             report.skip(e.path.clone(), quota_refusal(limits));
         } else {

@@ -347,6 +347,11 @@ impl<'a> ArchiveStage<'a> {
         }
     }
 
+    /// Entries staged or remembered as refused: what staging's memory holds one of each of.
+    fn held(&self) -> usize {
+        self.staged.len() + self.refused.len()
+    }
+
     /// The store names of an archive path, each passing the name rules and limits.
     fn names(&self, raw: &[u8]) -> std::result::Result<Vec<String>, String> {
         let mut names = Vec::new();
@@ -392,11 +397,32 @@ impl<'a> ArchiveStage<'a> {
                     EntryType::Char | EntryType::Block | EntryType::Fifo => SPECIAL.to_string(),
                     other => format!("tar entry of type {:?}: not a file or directory", other),
                 };
-                self.refused.insert(names);
+                // Remembered while staging has room: once it has none, nothing new is
+                // staged, below this entry or anywhere.
+                if self
+                    .staging
+                    .refuse(self.limits, self.held() + 1, 0)
+                    .is_none()
+                {
+                    self.refused.insert(names);
+                }
                 report.skip(path, why);
                 return Ok(());
             }
         };
+        // What it would stage: the directories it implies that are not staged yet, itself
+        // unless it names again a directory staged already, and its content.
+        let slots = (1..=names.len())
+            .filter(|&n| !self.index.contains_key(&names[..n]))
+            .count();
+        let size = match kind {
+            Kind::File if entry.size() <= file_cap(self.limits).0 => entry.size(),
+            _ => 0, // a file over the cap is skipped as such when read
+        };
+        if let Some(why) = self.staging.refuse(self.limits, self.held() + slots, size) {
+            report.skip(path, why);
+            return Ok(());
+        }
         let Some(parent) = self.parents(&names, &path, report) else {
             return Ok(());
         };
@@ -515,6 +541,10 @@ impl<'a> ArchiveStage<'a> {
                 .map_err(bad)?;
             if data.len() as u64 > max {
                 report.skip(path.to_string(), over);
+                return Ok(None);
+            }
+            if let Some(why) = self.staging.over_quota(self.limits, data.len() as u64) {
+                report.skip(path.to_string(), why);
                 return Ok(None);
             }
             staged.content = self.staging.put(&data)?;
