@@ -544,18 +544,13 @@ fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
     assert_eq!(f.restore(url, None), want);
     assert!(!want.keys().any(|k| k.contains("late-")));
 
-    // Its unmount says on the terminal what stays in its store only (exit 1), if anything.
+    // Its unmount says on the terminal that another writer took the replica over, and what
+    // stays in its store only (exit 1).
     let out = w.run(&["unmount", w.mp.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        assert!(said.contains("holds every commit"), "{said}");
-    } else {
-        assert_eq!(out.status.code(), Some(1), "{said}");
-        assert!(
-            said.contains("was left without commits") && said.contains("another writer"),
-            "{said}"
-        );
-    }
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("taken over by another writer"), "{said}");
+    assert_eq!(said.contains("stay in this store only"), late > 0, "{said}");
     w.mounted = false;
     let out = w.try_mount(&["--replica", url]);
     assert!(
@@ -569,6 +564,73 @@ fn one_writer_and_a_takeover(url: &str, env: &[(String, String)]) {
     assert!(tree(&w.mp).keys().any(|k| k.contains("late-")) || late == 0);
     w.unmount();
     f.unmount();
+}
+
+/// A writer learns of any newer epoch, while idle too: the epoch right after its own may
+/// have been pruned since (a takeover, then that writer's next mount, prunes it) or never
+/// have read as a writer's. And only a writer's own names count: a foreign
+/// `epochs/9.json` gave the next mount epoch 10 beside the live writer, without
+/// `--takeover`. Before, a writer looked only for `epochs/<its own + 1>.json`, and only when
+/// it uploaded: it went on shipping to a replica whose history had moved on, its `status`
+/// said up to date and its unmount that the replica held every commit.
+#[test]
+fn a_writer_is_fenced_by_any_newer_epoch_while_idle_and_only_its_names_count() {
+    if !fuse_available() {
+        return;
+    }
+    let (rep, url) = file_replica();
+    let mut w = Host::writer(&url, "100ms", &[]);
+    std::fs::create_dir(w.mp.join("memories")).unwrap();
+    op(&w.mp, 0);
+    w.shipped();
+    let epochs = rep.path().join("replica/epochs");
+    std::fs::write(epochs.join("9.json"), "{}").unwrap();
+    let second = Host::new(&[]);
+    let out = second.try_mount(&["--replica", &url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let pid = w.status()["pid"].as_u64().unwrap();
+    assert!(
+        !out.status.success(),
+        "a second writer mounted beside the first"
+    );
+    assert!(err.contains(&format!("pid {pid}")), "{err}");
+
+    // Epoch 3 with no epoch 2: the writer, idle, is fenced all the same.
+    let record = serde_json::json!({
+        "epoch": 3, "host": "elsewhere", "pid": 1, "started_ns": 0,
+        "store": "/elsewhere.redb", "after": null, "takeover": true,
+    });
+    std::fs::write(epochs.join(format!("{:020}.json", 3)), record.to_string()).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let fenced = loop {
+        let s = w.status();
+        if let Some(f) = s["replicas"][0]["fenced"].as_str() {
+            break f.to_string();
+        }
+        assert!(Instant::now() < until, "never fenced: {s}\n{}", w.log());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(fenced.contains("host elsewhere"), "{fenced}");
+    assert!(write_refused(&w.mp.join("memories/late.md")));
+    let out = w.run(&["unmount", w.mp.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("taken over by another writer"), "{said}");
+    w.mounted = false;
+    assert!(
+        !epochs.join(format!("{:020}.released", 1)).exists(),
+        "a writer taken over released a role no longer its own"
+    );
+
+    // An epoch object that does not read as a writer's is held, never free.
+    std::fs::write(epochs.join(format!("{:020}.json", 4)), "not json").unwrap();
+    let out = second.try_mount(&["--replica", &url]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "took an epoch held by someone unknown"
+    );
+    assert!(err.contains("held by host unknown"), "{err}");
 }
 
 #[test]

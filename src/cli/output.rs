@@ -321,22 +321,28 @@ pub(super) fn promoted(mp: &std::path::Path, v: &Value) {
 pub(super) fn replicas_after_unmount(list: &[crate::replica::ship::Unshipped]) -> bool {
     let mut whole = true;
     for r in list {
+        let url = shown(&r.url);
         match r.missing() {
-            None => errln!("replica {} holds every commit", shown(&r.url)),
-            Some(m) if r.fenced => {
+            // Taken over: whatever it holds, this store is no longer the one it follows.
+            _ if r.fenced => {
                 whole = false;
+                let left = r.missing().map_or(String::new(), |m| {
+                    format!(
+                        "; commits {}..={} stay in this store only (mount it with --replica none to recover them)",
+                        m.start(),
+                        m.end()
+                    )
+                });
                 errln!(
-                    "replica {} was left without commits {}..={}: another writer took it over, so they stay in this store only (mount it with --replica none to recover them)",
-                    shown(&r.url),
-                    m.start(),
-                    m.end()
+                    "replica {url} was taken over by another writer: it holds this store's commits up to {} at most, and goes on from there without this store{left}",
+                    r.shipped_commit
                 );
             }
+            None => errln!("replica {url} holds every commit"),
             Some(m) => {
                 whole = false;
                 errln!(
-                    "replica {} was left without commits {}..={} (the next mount starts a new generation)",
-                    shown(&r.url),
+                    "replica {url} was left without commits {}..={} (the next mount starts a new generation)",
                     m.start(),
                     m.end()
                 );

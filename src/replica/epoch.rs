@@ -23,7 +23,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use super::{Target, epoch_of_generation, runtime};
+use super::{ReadError, Target, decimal20, epoch_of_generation, runtime};
 use crate::store::now_ns;
 
 /// Where the history an epoch continues stands: the generation, and its last commit that
@@ -118,9 +118,9 @@ async fn epoch_numbers(target: &Target) -> Result<(Vec<u64>, Vec<u64>), String> 
     let (_, objects, _) = target.list_dir(&target.path("epochs")).await?;
     let (mut held, mut released) = (Vec::new(), Vec::new());
     for (name, _) in &objects {
-        if let Some(n) = name.strip_suffix(".json").and_then(|n| n.parse().ok()) {
+        if let Some(n) = name.strip_suffix(".json").and_then(decimal20) {
             held.push(n);
-        } else if let Some(n) = name.strip_suffix(".released").and_then(|n| n.parse().ok()) {
+        } else if let Some(n) = name.strip_suffix(".released").and_then(decimal20) {
             released.push(n);
         }
     }
@@ -131,10 +131,18 @@ async fn epoch_numbers(target: &Target) -> Result<(Vec<u64>, Vec<u64>), String> 
 /// An epoch object is a few hundred bytes; a larger one is not ours and is not read.
 const MAX_EPOCH_BYTES: u64 = 64 * 1024;
 
+/// Epoch `n`'s record; None when it is gone, or is not what a writer puts there (too large,
+/// not a regular file, not decoding: skipped with a warning).
 async fn read_record(target: &Target, n: u64) -> Result<Option<EpochRecord>, String> {
     let path = epoch_path(target, n, "json");
-    let Some(bytes) = target.get_bounded(&path, MAX_EPOCH_BYTES, None).await? else {
-        return Ok(None);
+    let bytes = match target.get_bounded(&path, MAX_EPOCH_BYTES, None).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(ReadError::Bad(e)) => {
+            tracing::warn!(replica = %target.shown(), epoch = n, error = %e, "an epoch object is not a writer's; it is skipped");
+            return Ok(None);
+        }
+        Err(ReadError::Unreachable(e)) => return Err(e),
     };
     match serde_json::from_slice::<EpochRecord>(&bytes) {
         Ok(r) if r.epoch == n => Ok(Some(r)),
@@ -142,6 +150,19 @@ async fn read_record(target: &Target, n: u64) -> Result<Option<EpochRecord>, Str
             tracing::warn!(replica = %target.shown(), epoch = n, "an epoch object does not decode; it is skipped");
             Ok(None)
         }
+    }
+}
+
+/// Who holds epoch `n` when its record cannot be read: unknown, and never taken as free.
+fn unknown_holder(n: u64) -> EpochRecord {
+    EpochRecord {
+        epoch: n,
+        host: "unknown (its epoch object does not read as a writer's)".into(),
+        pid: 0,
+        started_ns: 0,
+        store: String::new(),
+        after: None,
+        takeover: true,
     }
 }
 
@@ -244,19 +265,20 @@ pub(super) async fn acquire(
     if let Some(n) = newest
         && !released.contains(&n)
     {
-        let holder = read_record(target, n).await.map_err(unreachable)?;
-        if let Some(h) = holder {
-            let restarted = h.host == host
-                && h.store == store
-                && (h.pid == std::process::id() || !running(h.pid));
-            if takeover {
-                tracing::warn!(replica = %target.shown(), epoch = n, "taking the writer role over from {}", h.holder());
-                taken_over = true;
-            } else if restarted {
-                tracing::info!(replica = %target.shown(), epoch = n, pid = h.pid, "the writer role was this store's, held by a daemon that is gone; taking it again");
-            } else {
-                return Err(Refusal::Held(h));
-            }
+        // An epoch whose record does not read is held by someone unknown, never free.
+        let h = read_record(target, n)
+            .await
+            .map_err(unreachable)?
+            .unwrap_or_else(|| unknown_holder(n));
+        let restarted =
+            h.host == host && h.store == store && (h.pid == std::process::id() || !running(h.pid));
+        if takeover {
+            tracing::warn!(replica = %target.shown(), epoch = n, "taking the writer role over from {}", h.holder());
+            taken_over = true;
+        } else if restarted {
+            tracing::info!(replica = %target.shown(), epoch = n, pid = h.pid, "the writer role was this store's, held by a daemon that is gone; taking it again");
+        } else {
+            return Err(Refusal::Held(h));
         }
     }
     target.load_fence().await.map_err(unreachable)?;
@@ -264,8 +286,12 @@ pub(super) async fn acquire(
         Some(cut) => Some(cut),
         None => newest_cut(target).await.map_err(unreachable)?,
     };
+    let epoch = newest
+        .unwrap_or(0)
+        .checked_add(1)
+        .ok_or_else(|| unreachable(format!("epoch {} is the last there can be", u64::MAX)))?;
     let record = EpochRecord {
-        epoch: newest.unwrap_or(0) + 1,
+        epoch,
         host,
         pid: std::process::id(),
         started_ns: now_ns(),
@@ -329,23 +355,19 @@ impl Role {
         self.record.epoch
     }
 
-    /// The writer that took the role after this one, if one did.
+    /// The writer that took the role after this one, if one did: any epoch listed above this
+    /// one's (the one right after may have been pruned since, or never have read as a
+    /// writer's), the lowest of them named.
     pub(super) async fn superseded(&self, target: &Target) -> Result<Option<EpochRecord>, String> {
-        let next = self.record.epoch + 1;
-        match target.size_of(&epoch_path(target, next, "json")).await? {
-            Some(_) => Ok(Some(read_record(target, next).await?.unwrap_or(
-                EpochRecord {
-                    epoch: next,
-                    host: "unknown".into(),
-                    pid: 0,
-                    started_ns: 0,
-                    store: String::new(),
-                    after: None,
-                    takeover: true,
-                },
-            ))),
-            None => Ok(None),
-        }
+        let (held, _) = epoch_numbers(target).await?;
+        let Some(&next) = held.iter().find(|&&n| n > self.record.epoch) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            read_record(target, next)
+                .await?
+                .unwrap_or_else(|| unknown_holder(next)),
+        ))
     }
 
     /// Lets the role go (after the last upload of an unmount): the next writer may take it.

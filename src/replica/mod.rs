@@ -312,16 +312,20 @@ fn is_generation_name(name: &str) -> bool {
 fn parse_segment_name(name: &str) -> Option<(u64, u64, u64)> {
     let name = name.strip_suffix(".seg")?;
     let (name, epoch) = match name.split_once("-e") {
-        Some((n, e)) if e.len() == 20 => (n, e.parse().ok()?),
-        Some(_) => return None,
+        Some((n, e)) => (n, decimal20(e)?),
         None => (name, 0),
     };
     let (a, b) = name.split_once('-')?;
-    if a.len() != 20 || b.len() != 20 {
-        return None;
-    }
-    let (first, last) = (a.parse().ok()?, b.parse().ok()?);
+    let (first, last) = (decimal20(a)?, decimal20(b)?);
     (first <= last).then_some((first, last, epoch))
+}
+
+/// A number as a replica's names write it: exactly 20 decimal digits. Nothing else names the
+/// same object (`+1…` or a shorter form would parse to a number whose name is another).
+pub(super) fn decimal20(s: &str) -> Option<u64> {
+    (s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| s.parse().ok())
+        .flatten()
 }
 
 /// Warns once about the entries of a listing that are not part of a replica.

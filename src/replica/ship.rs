@@ -261,7 +261,9 @@ impl Replication {
                 commits,
                 fenced: l.fenced.is_some(),
             };
-            if let Some(r) = left.missing() {
+            if left.fenced {
+                tracing::warn!(replica = %left.url, shipped = l.shipped_commit, "the replica was taken over by another writer; it goes on without this store");
+            } else if let Some(r) = left.missing() {
                 tracing::warn!(replica = %left.url, shipped = l.shipped_commit, "the replica was left without commits {}..={} (the next mount starts a new generation)", r.start(), r.end());
             } else {
                 tracing::info!(replica = %left.url, commit = l.shipped_commit, "the replica holds every commit");
@@ -385,10 +387,17 @@ impl Shipper {
                 // The last upload: what the feed holds, bounded as a whole; no new generation.
                 if !self.outage && !self.fenced && self.generation.is_some() {
                     // The timer is made inside the runtime, which it needs.
+                    // A writer taken over while it sat idle learns it here, before it
+                    // would call the replica whole and release a role no longer its own.
+                    let last = async {
+                        if self.may_upload().await? {
+                            self.ship_pending().await
+                        } else {
+                            Ok(())
+                        }
+                    };
                     let result = rt
-                        .block_on(async {
-                            tokio::time::timeout(io_timeout(), self.ship_pending()).await
-                        })
+                        .block_on(async { tokio::time::timeout(io_timeout(), last).await })
                         .unwrap_or_else(|_| Err("the last upload took too long".into()));
                     self.report(result);
                 }
@@ -466,6 +475,10 @@ impl Shipper {
     /// A newer writer holds the role: this mount ships nothing more and refuses changes.
     fn fence(&mut self, newer: &EpochRecord) {
         let shipped = lock(&self.lag).shipped_commit;
+        let held = newer
+            .after
+            .as_ref()
+            .map_or(shipped, |c| c.commit.min(shipped));
         let msg = format!(
             "fenced: replica {} was taken over by {} (epoch {}); this mount is read-only from \
              now on and ships nothing more. The replica holds this store's commits up to {}; \
@@ -473,15 +486,15 @@ impl Shipper {
             self.target.shown(),
             newer.holder(),
             newer.epoch,
-            newer
-                .after
-                .as_ref()
-                .map_or(shipped, |c| c.commit.min(shipped))
+            held
         );
         tracing::error!("{msg}");
         // Status says so before the first change is refused: whoever meets EROFS and asks
         // why finds the replica that fenced the mount.
-        lock(&self.lag).fenced = Some(msg.clone());
+        let mut lag = lock(&self.lag);
+        lag.fenced = Some(msg.clone());
+        lag.shipped_commit = held;
+        drop(lag);
         self.fs.store().freeze(msg.clone());
         epoch::Fenced::note(self.fs.store(), &self.target.url, &msg);
         self.fenced = true;
@@ -532,6 +545,10 @@ impl Shipper {
         }
         let check_every = (self.settings.interval() * 10).min(CHECK_EVERY);
         if self.checked.is_none_or(|t| t.elapsed() >= check_every) {
+            // An idle writer learns of a takeover too, not only at its next upload.
+            if !self.may_upload().await? {
+                return Ok(());
+            }
             if let Some(problem) = self.check_generation().await? {
                 let g = self
                     .generation
@@ -732,8 +749,11 @@ impl Shipper {
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| e.to_string())?;
         let at = self.target.gen_path(&name, "manifest.json");
         self.target.put(&at, json).await?;
-        self.feed.restart(commit);
+        let whole = self.feed.restart(commit);
         tracing::info!(replica = %self.target.shown(), generation = %name, commit, bytes = snapshot_bytes, "replica: new generation");
+        if !whole {
+            tracing::warn!(replica = %self.target.shown(), generation = %name, commit, "the replica's feed let go of commits after this snapshot while it uploaded; another snapshot follows");
+        }
         // The store says which generation it ships to, in a commit this generation ships.
         if let Err(e) = record_generation(self.fs.store(), &self.target.url, Some(&name)) {
             tracing::warn!(replica = %self.target.shown(), error = %e, "replica: cannot record the generation in the store; the next mount starts a new one");

@@ -71,6 +71,9 @@ struct FeedState {
     records: BTreeMap<u64, (i64, Option<Record>)>,
     bytes: usize,
     broken: bool,
+    /// The newest commit whose record the feed let go of unshipped (0: none): only a
+    /// snapshot holding it makes the chain whole again.
+    lost: u64,
 }
 
 /// One replica's queue of committed records not yet shipped.
@@ -85,16 +88,20 @@ impl Feed {
     }
 
     /// Takes commit `seq`'s record (None: it has none), handed over at `now` (ns).
+    ///
+    /// Once the feed outgrows `FEED_BYTES` it lets go of everything it holds and of this
+    /// record, and is broken; it goes on taking the records after it, so that a snapshot
+    /// taken from then on carries on with them (a broken feed that took nothing more would
+    /// leave a gap after every snapshot taken while commits go on).
     fn push(&self, seq: u64, record: Option<Record>, now: i64) {
         let mut s = self.lock();
-        if s.broken {
-            return;
-        }
         let len = record.as_ref().map_or(0, |r| r.len());
         if s.bytes + len > FEED_BYTES {
             // The replica has been out of reach for long: a snapshot will carry on from here.
+            let lost = s.records.keys().next_back().copied().unwrap_or(0);
             *s = FeedState {
                 broken: true,
+                lost: s.lost.max(lost).max(seq),
                 ..FeedState::default()
             };
             return;
@@ -116,10 +123,14 @@ impl Feed {
         s.records = keep;
     }
 
-    /// A new generation starts from a snapshot holding commit `upto`: the chain is whole again.
-    pub fn restart(&self, upto: u64) {
+    /// A new generation starts from a snapshot holding commit `upto`: the chain is whole again,
+    /// unless the feed let go of a later record meanwhile (then it stays broken, and another
+    /// snapshot is due). Whether it is whole.
+    pub fn restart(&self, upto: u64) -> bool {
         self.release(upto);
-        self.lock().broken = false;
+        let mut s = self.lock();
+        s.broken = s.lost > upto;
+        !s.broken
     }
 
     /// The unbroken run of records after commit `after`, up to about `max_bytes`; they stay
@@ -434,6 +445,49 @@ mod tests {
         assert_eq!(f.take(3, 1 << 20), Batch::Broken);
         f.restart(4);
         assert_eq!(f.take(4, 1 << 20), Batch::Records(vec![(5, got(b"e"))]));
+    }
+
+    /// A feed that outgrew its bound goes on taking the records after the break, so a
+    /// snapshot taken after it carries on with the commits made while the snapshot uploaded;
+    /// a record let go of after the snapshot's commit keeps the chain broken. (A broken feed
+    /// used to drop every record until the snapshot was in place: the commits made while it
+    /// uploaded were never shipped, and the shipper said it had caught up.)
+    #[test]
+    fn a_broken_feed_keeps_the_records_after_the_break_for_the_next_snapshot() {
+        let f = Feed::default();
+        let big = || Some(Arc::new(vec![7u8; FEED_BYTES / 2 - 1]));
+        let small = |b: &[u8]| Some(Arc::new(b.to_vec()));
+        f.push(1, big(), 0);
+        f.push(2, big(), 0);
+        f.push(3, big(), 0); // over the bound: 1 to 3 are let go of
+        assert_eq!(f.take(0, 1 << 20), Batch::Broken);
+        f.push(4, small(b"d"), 0); // the snapshot is taken at 4
+        f.push(5, small(b"e"), 0); // while it uploads
+        assert!(f.restart(4), "nothing after 4 was let go of");
+        assert_eq!(
+            f.take(4, 1 << 20),
+            Batch::Records(vec![(5, Arc::new(b"e".to_vec()))])
+        );
+
+        let g = Feed::default();
+        g.push(1, big(), 0);
+        g.push(2, big(), 0);
+        g.push(3, big(), 0);
+        g.push(4, small(b"d"), 0); // the snapshot is taken at 4, then the feed overflows
+        g.push(5, big(), 0);
+        g.push(6, big(), 0);
+        g.push(7, big(), 0);
+        assert!(
+            !g.restart(4),
+            "5 to 7 were let go of after the snapshot's commit"
+        );
+        assert_eq!(g.take(4, 1 << 20), Batch::Broken);
+        g.push(8, small(b"h"), 0);
+        assert!(g.restart(7));
+        assert_eq!(
+            g.take(7, 1 << 20),
+            Batch::Records(vec![(8, Arc::new(b"h".to_vec()))])
+        );
     }
 
     /// A transaction over the log's record limit still gives the feeds its record (the log
