@@ -18,7 +18,7 @@ use fuser::{
 };
 
 use crate::fs::history::Invalidation;
-use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet, is_dot};
+use crate::fs::{BLOCK_SIZE, Caller, Error, Fs, OpenMode, SetAttr, TimeSet, is_dot, resume_at};
 use crate::store::{Inode, Kind};
 
 /// How long the kernel may cache entries and attributes. Every change to a mounted store goes
@@ -539,13 +539,20 @@ impl Filesystem for FuseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         tracing::debug!(op = "write", ino = ino.0, offset, len = data.len());
-        match self.fs.write(caller(req), fh.0, offset, data) {
+        // A page of a shared mapping written back: it goes where the page is, even through a
+        // handle opened O_APPEND (the kernel may write any mapping back through one).
+        let written = if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.fs.write_page(caller(req), fh.0, offset, data)
+        } else {
+            self.fs.write(caller(req), fh.0, offset, data)
+        };
+        match written {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(self.fail("write", ino.0, None, &e)),
         }
@@ -620,8 +627,8 @@ impl Filesystem for FuseFs {
             Ok(e) => e,
             Err(e) => return reply.error(self.fail("readdir", ino.0, None, &e)),
         };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(e.ino), i as u64 + 1, file_type(e.kind), &e.name) {
+        for e in &entries[resume_at(&entries, offset)..] {
+            if reply.add(INodeNo(e.ino), e.off, file_type(e.kind), &e.name) {
                 break;
             }
         }
@@ -643,7 +650,7 @@ impl Filesystem for FuseFs {
         };
         // Attributes are fetched a batch at a time: the reply buffer holds a few dozen entries.
         const BATCH: usize = 64;
-        let mut pos = offset as usize;
+        let mut pos = resume_at(&entries, offset);
         let mut full = false;
         while pos < entries.len() && !full {
             let batch = &entries[pos..entries.len().min(pos + BATCH)];
@@ -657,15 +664,7 @@ impl Filesystem for FuseFs {
                     pos += 1;
                     continue;
                 };
-                full = full
-                    || reply.add(
-                        INodeNo(e.ino),
-                        pos as u64 + 1,
-                        &e.name,
-                        &TTL,
-                        &attr(&a),
-                        GEN,
-                    );
+                full = full || reply.add(INodeNo(e.ino), e.off, &e.name, &TTL, &attr(&a), GEN);
                 if full {
                     // Not sent: the kernel takes no reference to it.
                     if !is_dot(&e.name) {

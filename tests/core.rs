@@ -431,19 +431,56 @@ fn names_are_normalised_to_nfc() {
     assert_eq!(e.errno(), libc::EINVAL);
 }
 
+/// An offset names the same point in every listing of a directory, whichever handle took it
+/// and whenever: a read that goes on from one handle's listing with another's taken after the
+/// directory changed (as the kernel's readdir cache does with two listers) lists each entry
+/// that stayed exactly once. Offsets were indexes into each handle's own listing, so the
+/// second listing's index 52 was another entry than the first's: names came twice or not
+/// at all.
 #[test]
-fn readdir_offsets_stay_valid_while_the_directory_changes() {
+fn readdir_offsets_mean_the_same_in_every_handle_while_the_directory_changes() {
     let (_d, fs) = new_fs();
     for i in 0..100 {
         write_file(&fs, ROOT_INO, &format!("f{i:03}"), b"");
     }
     let fh = fs.opendir(ROOT_INO).unwrap();
     let first = fs.readdir(fh, 0).unwrap();
+    assert_eq!((first[0].off, first[1].off), (1, 2), ". and ..");
+    assert!(first.windows(2).all(|w| w[0].off < w[1].off));
+    // Half read through the first handle, then the directory changes, then a second handle
+    // (its listing taken now) goes on from the same offset.
+    let cut = first[52].off;
     fs.unlink(ME, ROOT_INO, b"f050").unwrap();
-    write_file(&fs, ROOT_INO, "zzz", b"");
-    let later = fs.readdir(fh, 52).unwrap();
-    assert_eq!(first[52].name, later[52].name);
+    for i in 0..20 {
+        write_file(&fs, ROOT_INO, &format!("new{i}"), b"");
+    }
+    let fh2 = fs.opendir(ROOT_INO).unwrap();
+    let _ = fs.readdir(fh2, 0).unwrap();
+    let later = fs.readdir(fh2, cut).unwrap();
+    let mut seen: Vec<&str> = first[..=52].iter().map(|e| e.name.as_str()).collect();
+    seen.extend(
+        later[redbfs::fs::resume_at(&later, cut)..]
+            .iter()
+            .map(|e| e.name.as_str()),
+    );
+    for i in 0..100 {
+        let name = format!("f{i:03}");
+        let n = seen.iter().filter(|s| **s == name).count();
+        if i == 50 {
+            assert!(n <= 1, "{name} listed {n} times");
+        } else {
+            assert_eq!(n, 1, "{name} listed {n} times");
+        }
+    }
+    // The same offset in the first handle's own listing resumes at the same point.
+    assert_eq!(
+        first[redbfs::fs::resume_at(&first, cut)..]
+            .first()
+            .map(|e| e.off),
+        first.get(53).map(|e| e.off)
+    );
     fs.releasedir(fh).unwrap();
+    fs.releasedir(fh2).unwrap();
 }
 
 #[test]

@@ -855,3 +855,84 @@ fn repeated_refusals_are_logged_once_per_interval() {
         .count();
     assert!((1..=3).contains(&lines), "{lines} lines:\n{log}");
 }
+
+/// A shared mapping made through a handle opened O_APPEND writes its pages where they are,
+/// as on ext4: the kernel writes a mapping's dirty pages back through a writable handle, and
+/// the daemon put every write on an O_APPEND handle at the end, so `m[0..5] = "HELLO"`
+/// appended a whole page to the file and left its first bytes unchanged. A write(2) through
+/// the same handle still goes to the end.
+#[test]
+fn a_shared_mapping_through_an_append_handle_writes_where_its_pages_are() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let p = m.path("mapped");
+    std::fs::write(&p, vec![b'A'; 10_000]).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .custom_flags(0)
+        .open(&p)
+        .unwrap();
+    unsafe {
+        let len = 10_000;
+        let at = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(at, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        std::ptr::copy_nonoverlapping(b"HELLO".as_ptr(), at.cast::<u8>(), 5);
+        assert_eq!(libc::msync(at, len, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(at, len), 0);
+    }
+    (&f).write_all(b"tail").unwrap();
+    drop(f);
+    let got = std::fs::read(&p).unwrap();
+    assert_eq!(got.len(), 10_004);
+    assert_eq!(&got[..8], b"HELLOAAA");
+    assert_eq!(&got[10_000..], b"tail");
+}
+
+/// open(O_TRUNC) of an empty file changes its mtime and ctime, as on ext4 (`: > file` relies
+/// on it): an empty file was left as it was, times included.
+#[test]
+fn truncating_an_empty_file_at_open_changes_its_times() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let p = m.path("empty");
+    let f = std::fs::File::create(&p).unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(946_684_800); // 2000
+    f.set_times(
+        std::fs::FileTimes::new()
+            .set_modified(old)
+            .set_accessed(old),
+    )
+    .unwrap();
+    drop(f);
+    let before = std::fs::metadata(&p).unwrap();
+    assert_eq!(before.mtime(), 946_684_800);
+    drop(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TRUNC)
+            .open(&p)
+            .unwrap(),
+    );
+    let after = std::fs::metadata(&p).unwrap();
+    assert!(after.mtime() > 946_684_800, "mtime unchanged");
+    assert!(
+        (after.ctime(), after.ctime_nsec()) > (before.ctime(), before.ctime_nsec()),
+        "ctime unchanged"
+    );
+    assert_eq!(after.len(), 0);
+}

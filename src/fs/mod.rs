@@ -15,6 +15,7 @@ pub mod conflicts;
 pub mod content;
 mod create;
 mod dir;
+pub use dir::{Listed, resume_at};
 mod durable;
 pub mod error;
 pub mod history;
@@ -241,7 +242,7 @@ struct Pinned {
 
 struct DirHandle {
     ino: u64,
-    entries: Option<Arc<Vec<DirEntry>>>,
+    entries: Option<Arc<Vec<Listed>>>,
 }
 
 /// What removing an inode's last name does, decided before its transaction commits.
@@ -271,6 +272,8 @@ pub struct Fs {
     files: Mutex<HashMap<u64, Arc<FileSlot>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     dirs: Mutex<HashMap<u64, DirHandle>>,
+    /// Keys the readdir offsets of names (`dir::Listed`): fixed for the mount's life.
+    cookies: std::hash::RandomState,
     next_fh: AtomicU64,
     poisoned: AtomicBool,
     invalidator: Mutex<Option<history::SharedInvalidator>>,
@@ -315,6 +318,7 @@ impl Fs {
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            cookies: std::hash::RandomState::new(),
             next_fh: AtomicU64::new(1),
             poisoned: AtomicBool::new(false),
             invalidator: Mutex::new(None),

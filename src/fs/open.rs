@@ -267,14 +267,14 @@ impl Fs {
         }
         // The handle's number first: a truncation is this handle's first change.
         let fh = self.new_fh();
-        // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission).
+        // Linux truncates on O_TRUNC even with O_RDONLY (the kernel checked write permission),
+        // and an empty file too: its mtime and ctime change (`: > file`).
         if mode.truncate {
             let mut g = lock(&f.content);
             self.note_writer(&mut g, caller, Some(fh));
-            if g.size != 0
-                && let Err(e) = g
-                    .truncate(&self.store, 0, now_ns())
-                    .and_then(|()| self.account(&mut g))
+            if let Err(e) = g
+                .truncate(&self.store, 0, now_ns())
+                .and_then(|()| self.account(&mut g))
             {
                 drop(g);
                 self.release_file(&f);
@@ -472,14 +472,33 @@ impl Fs {
         })))
     }
 
+    /// write(2) through handle `fh`: at `offset`, or at the end for a handle opened O_APPEND.
     pub fn write(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_at(caller, fh, offset, false, data)
+    }
+
+    /// A page of a shared mapping written back through handle `fh`: at `offset`, where the page
+    /// is, whatever the handle's O_APPEND (the kernel writes a mapping back through any
+    /// writable handle of the file).
+    pub fn write_page(&self, caller: Caller, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_at(caller, fh, offset, true, data)
+    }
+
+    fn write_at(
+        &self,
+        caller: Caller,
+        fh: u64,
+        offset: u64,
+        page: bool,
+        data: &[u8],
+    ) -> Result<u32> {
         self.writable()?;
         let (f, mode) = self.handle(fh)?;
         if !mode.write {
             return Err(Error::BadHandle);
         }
         let mut g = lock(&f.content);
-        let offset = if mode.append { g.size } else { offset };
+        let offset = if mode.append && !page { g.size } else { offset };
         let end = offset
             .checked_add(data.len() as u64)
             .ok_or(Error::FileTooBig {
