@@ -280,13 +280,20 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 
 /// A time the kernel sent, in ns since the epoch. fuser 0.18 turns the kernel's (seconds,
 /// nanoseconds) of a time before 1970 into epoch - (|seconds| s + nanoseconds ns), where the
-/// true time is epoch - |seconds| s + nanoseconds ns; this undoes that.
+/// true time is epoch - |seconds| s + nanoseconds ns; this undoes that. A time a store cannot
+/// hold (before 1677-09-21 or after 2262-04-11: 64-bit nanoseconds) is clamped to the nearest
+/// it can, as the kernel clamps a time to a filesystem's range; it used to wrap (2300 was kept
+/// as 1715).
 fn kernel_time_ns(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_nanos() as i64,
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
         Err(e) => {
             let d = e.duration();
-            -(d.as_secs() as i64) * 1_000_000_000 + i64::from(d.subsec_nanos())
+            i64::try_from(d.as_secs())
+                .ok()
+                .and_then(|s| s.checked_mul(-1_000_000_000))
+                .and_then(|ns| ns.checked_add(i64::from(d.subsec_nanos())))
+                .unwrap_or(i64::MIN)
         }
     }
 }

@@ -936,3 +936,38 @@ fn truncating_an_empty_file_at_open_changes_its_times() {
     );
     assert_eq!(after.len(), 0);
 }
+
+/// A time a store cannot hold (64-bit nanoseconds: 1677-09-21 to 2262-04-11) is clamped to
+/// the nearest one it can, as the kernel clamps a time to a filesystem's range: `touch -d
+/// 2300-01-01` was kept as 1715-06-13 (the nanoseconds wrapped), which `expire` then took
+/// for a file unused for centuries.
+#[test]
+fn a_time_out_of_the_stores_range_is_clamped_not_wrapped() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let p = m.path("timely");
+    let f = std::fs::File::create(&p).unwrap();
+    let year = 365 * 24 * 3600;
+    let y2300 = std::time::UNIX_EPOCH + std::time::Duration::from_secs(330 * year);
+    let y1000 = std::time::UNIX_EPOCH - std::time::Duration::from_secs(970 * year);
+    f.set_times(
+        std::fs::FileTimes::new()
+            .set_modified(y2300)
+            .set_accessed(y1000),
+    )
+    .unwrap();
+    drop(f);
+    let st = std::fs::metadata(&p).unwrap();
+    assert_eq!(
+        st.mtime(),
+        i64::MAX / 1_000_000_000,
+        "2262-04-11, the latest"
+    );
+    assert_eq!(
+        st.atime(),
+        i64::MIN / 1_000_000_000 - 1,
+        "1677-09-21, the earliest"
+    );
+}

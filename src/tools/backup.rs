@@ -416,12 +416,16 @@ fn write_snapshot(
     }
     crate::private::check_store_dir(out)?;
     let dir = parent_dir(out);
+    // The daemon serves several snapshots at once: each its own temporary name (two to one
+    // path shared one, and each removed the other's copy).
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         out.file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default(),
-        std::process::id()
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let _ = std::fs::remove_file(&tmp);
     let copied = copy(&tmp);
