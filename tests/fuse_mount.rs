@@ -971,3 +971,53 @@ fn a_time_out_of_the_stores_range_is_clamped_not_wrapped() {
         "1677-09-21, the earliest"
     );
 }
+
+/// What `import` adds through the daemon is listed at once, as SEMANTICS promises: the kernel
+/// kept the target directory's listing (and a lookup that found a new name missing) for a
+/// minute, so `ls` left the new entries out for 60 to 80 s.
+#[test]
+fn an_import_through_the_daemon_is_listed_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    std::fs::create_dir(m.path("memories")).unwrap();
+    std::fs::write(m.path("memories/old.md"), "old").unwrap();
+    let names = |p: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    // The kernel caches the listing and the missing names now.
+    assert_eq!(names(&m.path("memories")), ["old.md"]);
+    assert!(std::fs::metadata(m.path("memories/new.md")).is_err());
+    assert!(std::fs::metadata(m.path("top")).is_err());
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("memories")).unwrap();
+    std::fs::write(src.path().join("memories/new.md"), "new").unwrap();
+    std::fs::create_dir(src.path().join("top")).unwrap();
+    std::fs::write(src.path().join("top/inner.md"), "inner").unwrap();
+    let out = redbfs(&[
+        "import",
+        src.path().to_str().unwrap(),
+        m.mountpoint.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(names(&m.path("memories")), ["new.md", "old.md"]);
+    assert!(names(&m.mountpoint).contains(&"top".to_string()));
+    assert_eq!(
+        std::fs::read_to_string(m.path("memories/new.md")).unwrap(),
+        "new"
+    );
+    assert_eq!(
+        std::fs::read_to_string(m.path("top/inner.md")).unwrap(),
+        "inner"
+    );
+}

@@ -63,8 +63,9 @@ impl Fs {
         self.invalidate(dirents, inodes);
     }
 
-    /// Tells the kernel to forget these entries and inodes.
-    pub(super) fn invalidate(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
+    /// Tells the kernel to forget these entries and inodes (a directory's inode: its cached
+    /// listing too).
+    pub fn invalidate(&self, dirents: Vec<(u64, String)>, inodes: Vec<u64>) {
         let inval = lock(&self.invalidator).clone();
         if let Some(inval) = inval {
             for (parent, name) in dirents {

@@ -23,6 +23,10 @@ pub struct ImportReport {
     pub skipped: Vec<(String, String)>,
     /// How many more were left out, counted but not listed.
     pub skipped_unlisted: u64,
+    /// (directory, name) of each entry made in a directory that was there before: what a
+    /// kernel that cached those directories must be told of (`Fs::invalidate`).
+    #[serde(skip)]
+    pub made_in_existing: Vec<(u64, String)>,
 }
 
 /// The most skipped entries an import lists by path; the rest are counted, so that a source
@@ -350,6 +354,8 @@ fn commit_staged(
     // first time the directory is met, then each name made), so that no two differ only in
     // case, as the mount refuses (`PortableCaseClash`).
     let mut folded: HashMap<u64, HashSet<String>> = HashMap::new();
+    // The directories this import made.
+    let mut new_dirs: HashSet<u64> = HashSet::new();
     for e in staged {
         let parent = match e.parent {
             None => Some(target),
@@ -406,6 +412,12 @@ fn commit_staged(
             }
             let (ino, kind) = add_entry(w, e, (parent, now), staging, report)?;
             entries_made.insert((parent, e.name.as_str()), (ino, kind));
+            if !new_dirs.contains(&parent) {
+                report.made_in_existing.push((parent, e.name.clone()));
+            }
+            if kind == Kind::Dir {
+                new_dirs.insert(ino);
+            }
             made.push((kind == Kind::Dir).then_some(ino));
             continue;
         }
