@@ -852,3 +852,34 @@ fn a_read_only_store_serves_reads_and_refuses_changes() {
         "the store file changed"
     );
 }
+
+/// `expire` chooses files in one request and removes them in another: a file written, or
+/// replaced by rename, between the two is passed over, as the cutoff it was chosen by says
+/// (the daemon removed whatever was at the path then: a memory the SDK had just rewritten).
+#[test]
+fn expire_passes_over_a_file_used_since_it_was_chosen() {
+    let (_d, fs) = new_fs();
+    let long_ago = SetAttr {
+        atime: Some(TimeSet::At(1_000_000_000)),
+        mtime: Some(TimeSet::At(1_000_000_000)),
+        ..SetAttr::default()
+    };
+    for name in ["rewritten", "stale"] {
+        let ino = write_file(&fs, ROOT_INO, name, b"old");
+        fs.setattr(ME, ino, long_ago.clone()).unwrap();
+    }
+    let cutoff = redbfs::store::now_ns() - 86_400 * 1_000_000_000;
+    let chosen: Vec<String> = redbfs::tools::unused_since(&fs.store().read().unwrap(), "/", cutoff)
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(chosen, ["/rewritten", "/stale"]);
+    // Replaced the SDK's way after it was chosen.
+    write_file(&fs, ROOT_INO, ".tmp-new", b"new");
+    fs.rename(ME, ROOT_INO, b".tmp-new", ROOT_INO, b"rewritten", 0)
+        .unwrap();
+    let removed = fs.remove_files(ME, &chosen, Some(cutoff)).unwrap();
+    assert_eq!(removed, ["/stale"]);
+    assert_eq!(names(&fs, ROOT_INO), ["rewritten"]);
+}

@@ -17,13 +17,17 @@ pub(super) fn expire(a: Expire) -> Result<i32, String> {
         (None, None) => return Err("give --unused-for or --before".into()),
     };
     let v = t.ask(json!({"op": "unused", "path": a.path, "cutoff_ns": cutoff}))?;
-    let files: Vec<(String, i64)> =
+    let mut files: Vec<(String, i64)> =
         serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
     if !a.dry_run {
         let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
         if t.is_mounted() {
-            // By the daemon, in one transaction; it tells the kernel what went.
-            t.change(json!({"op": "expire", "paths": paths}))?;
+            // By the daemon, in one transaction; it tells the kernel what went, and passes
+            // over a file used since the cutoff (written or replaced since it was chosen).
+            let v = t.change(json!({"op": "expire", "paths": paths, "cutoff_ns": cutoff}))?;
+            let removed: std::collections::HashSet<String> =
+                serde_json::from_value(v["removed"].clone()).map_err(|e| e.to_string())?;
+            files.retain(|(p, _)| removed.contains(p));
         } else {
             crate::tools::remove_files(&t.open_existing()?, &paths)?;
         }

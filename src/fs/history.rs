@@ -196,9 +196,15 @@ impl Fs {
 
     /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
     /// file the kernel references or a handle holds becomes an orphan, as with unlink; the
-    /// kernel is told to drop the names. A path that is gone or not a file is passed over.
-    /// Returns the paths removed.
-    pub fn remove_files(&self, caller: Caller, paths: &[String]) -> Result<Vec<String>> {
+    /// kernel is told to drop the names. A path that is gone or not a file is passed over,
+    /// and so, with `cutoff` (ns), is a file read or written since then: the file at the path
+    /// may have been written, or replaced, after `expire` chose it. Returns the paths removed.
+    pub fn remove_files(
+        &self,
+        caller: Caller,
+        paths: &[String],
+        cutoff: Option<i64>,
+    ) -> Result<Vec<String>> {
         self.writable()?;
         self.flush_all();
         let mut w = self.store().write()?;
@@ -228,6 +234,12 @@ impl Fs {
             let Some((ino, Kind::File)) = w.lookup(dir, name.as_str())?.filter(|_| found) else {
                 continue;
             };
+            if let Some(cutoff) = cutoff {
+                let i = self.overlay(w.inode(ino)?.ok_or(Error::NotFound)?);
+                if i.atime.max(i.mtime) >= cutoff {
+                    continue;
+                }
+            }
             let r = self.claim_removal(ino);
             Self::stage_removal(&mut w, ino, &r)?;
             removals.push((ino, r));

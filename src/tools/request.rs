@@ -125,7 +125,8 @@ pub fn history_change(fs: &crate::fs::Fs, req: &serde_json::Value) -> Result<ser
                 .iter()
                 .filter_map(|p| p.as_str().map(str::to_string))
                 .collect();
-            json!({"removed": fs.remove_files(caller, &paths).map_err(err)?})
+            let cutoff = req.get("cutoff_ns").and_then(Value::as_i64);
+            json!({"removed": fs.remove_files(caller, &paths, cutoff).map_err(err)?})
         }
         "quota" => {
             let get = |k: &str| req.get(k).and_then(Value::as_u64).unwrap_or(0);
