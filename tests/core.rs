@@ -866,7 +866,7 @@ fn expire_passes_over_a_file_used_since_it_was_chosen() {
     };
     for name in ["rewritten", "stale"] {
         let ino = write_file(&fs, ROOT_INO, name, b"old");
-        fs.setattr(ME, ino, long_ago.clone()).unwrap();
+        fs.setattr(ME, ino, long_ago).unwrap();
     }
     let cutoff = redbfs::store::now_ns() - 86_400 * 1_000_000_000;
     let chosen: Vec<String> = redbfs::tools::unused_since(&fs.store().read().unwrap(), "/", cutoff)
