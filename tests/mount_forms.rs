@@ -126,6 +126,24 @@ fn mount_t_fuse_redbfs_with_options_and_umount_by_anyone() {
     assert_eq!(std::fs::read_to_string(mnt.join("a.md")).unwrap(), "kept");
     let out = Command::new("umount").arg(&mnt).output().unwrap();
     assert!(out.status.success());
+    // `noexec` holds (it was accepted and dropped: a script on the mount ran); `sync`, which
+    // redbfs does not offer, is refused by name.
+    let out = mount("sync");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`sync`"));
+    let out = mount("rw,noexec");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = mnt.join("run.sh");
+    std::fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let e = Command::new(&script).output().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
+    let out = Command::new("umount").arg(&mnt).output().unwrap();
+    assert!(out.status.success());
 }
 
 /// The store's bytes and modification time, to show nothing wrote to it.

@@ -131,6 +131,9 @@ pub(super) struct Mount {
     /// Mount read-only: browsing, snapshot and log work; every change gives EROFS.
     #[arg(long)]
     pub read_only: bool,
+    /// Refuse to execute any file on the mount (mount(2)'s `noexec`).
+    #[arg(long)]
+    pub noexec: bool,
     /// More log: -v logs every request.
     #[arg(short, long, action = clap::ArgAction::Count)]
     pub verbose: u8,

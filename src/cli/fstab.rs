@@ -17,7 +17,6 @@ const PASSED_BY_MOUNT: &[&str] = &[
     "suid",
     "nosuid",
     "exec",
-    "noexec",
     "auto",
     "noauto",
     "user",
@@ -27,7 +26,6 @@ const PASSED_BY_MOUNT: &[&str] = &[
     "group",
     "_netdev",
     "nofail",
-    "sync",
     "async",
     "atime",
     "noatime",
@@ -110,6 +108,14 @@ fn options(list: &str) -> Result<Vec<OsString>, String> {
         let flag = |n: &str| OsString::from(format!("--{}", n.replace('_', "-")));
         match (name, value) {
             ("ro", None) => flags.push("--read-only".into()),
+            ("noexec", None) => flags.push("--noexec".into()),
+            ("sync", None) => {
+                return Err("mount option `sync` is not offered: a file's content is \
+                            committed durably at close and fsync, never at each write \
+                            (every change of names is durable before it returns, as \
+                            `dirsync` asks)"
+                    .into());
+            }
             ("allow_other", None) => flags.push("--allow-other".into()),
             ("verbose", None) => flags.push("-v".into()),
             (n, Some(v)) if VALUED.contains(&n) => {
@@ -182,6 +188,16 @@ mod tests {
             run(&["redbfs", "status", "/m"]).unwrap(),
             ["redbfs", "status", "/m"]
         );
+    }
+
+    #[test]
+    fn noexec_is_a_flag_and_sync_is_refused() {
+        assert_eq!(
+            run(&["redbfs", "/s.redb", "/m", "-o", "rw,noexec,dirsync"]).unwrap(),
+            ["redbfs", "mount", "/m", "--store", "/s.redb", "--noexec"]
+        );
+        let e = run(&["redbfs", "/s.redb", "/m", "-o", "sync"]).unwrap_err();
+        assert!(e.contains("`sync` is not offered"), "{e}");
     }
 
     #[test]

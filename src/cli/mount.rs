@@ -70,6 +70,7 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
         argv: std::env::args().skip(1).collect(),
         notify_fd: a.notify_fd,
         read_only: a.read_only,
+        noexec: a.noexec,
         keep_history: a.keep_history,
         replica: crate::replica::ReplicaOverrides {
             urls: (!a.replica.is_empty()).then_some(a.replica),

@@ -62,13 +62,25 @@ pub(super) fn check_allow_other(allow_other: bool) -> Result<(), String> {
     }
 }
 
+/// Who may do what on a mount: its options beyond the ones every mount has (`nosuid`,
+/// `nodev`, `default_permissions`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Access {
+    pub allow_other: bool,
+    pub read_only: bool,
+    pub noexec: bool,
+}
+
 /// Mounts with mount(2) as `fuse.redbfs` on the `/dev/fuse` descriptor `fd`, returning it;
 /// `None` when this process may not mount (not root), so fusermount3 must.
 pub(super) fn kernel_mount(
     mp: &Path,
     source: &str,
-    allow_other: bool,
-    read_only: bool,
+    Access {
+        allow_other,
+        read_only,
+        noexec,
+    }: Access,
     fd: Option<OwnedFd>,
 ) -> Result<Option<OwnedFd>, String> {
     let Some(fd) = fd else {
@@ -93,6 +105,11 @@ pub(super) fn kernel_mount(
                 MsFlags::MS_RDONLY
             } else {
                 MsFlags::empty()
+            }
+            | if noexec {
+                MsFlags::MS_NOEXEC
+            } else {
+                MsFlags::empty()
             },
         Some(opts.as_str()),
     );
@@ -114,8 +131,11 @@ pub(super) fn kernel_mount(
 pub(super) fn fusermount_mount(
     mp: &Path,
     source: &str,
-    allow_other: bool,
-    read_only: bool,
+    Access {
+        allow_other,
+        read_only,
+        noexec,
+    }: Access,
 ) -> Result<OwnedFd, String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let (ours, theirs) =
@@ -136,6 +156,9 @@ pub(super) fn fusermount_mount(
     }
     if read_only {
         opts.push_str(",ro");
+    }
+    if noexec {
+        opts.push_str(",noexec");
     }
     let out = Command::new("fusermount3")
         .arg("-o")
@@ -191,6 +214,13 @@ pub(super) fn remount(mp: &Path, read_only: bool) -> Result<(), String> {
     let mut keep = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     if read_only {
         keep |= MsFlags::MS_RDONLY;
+    }
+    // The bind remount sets every per-mount flag: a `noexec` mount stays one.
+    let flags = nix::sys::statvfs::statvfs(mp)
+        .map_err(|e| format!("remounting {}: {e}", mp.display()))?
+        .flags();
+    if flags.contains(nix::sys::statvfs::FsFlags::ST_NOEXEC) {
+        keep |= MsFlags::MS_NOEXEC;
     }
     let remount = |extra: MsFlags| {
         nix::mount::mount(

@@ -24,7 +24,7 @@ pub mod promote;
 mod table;
 
 pub use created::Created;
-use device::{check_allow_other, fusermount_mount, kernel_mount, open_fuse_device};
+use device::{Access, check_allow_other, fusermount_mount, kernel_mount, open_fuse_device};
 pub use table::{MountEntry, kernel_unmount, mountpoint_of_store, mounts, redbfs_mount_at};
 use table::{clear_stale, is_stale};
 
@@ -49,6 +49,8 @@ pub struct MountRequest {
     pub notify_fd: Option<i32>,
     /// Mount read-only: every change is refused with EROFS (by the kernel and the daemon).
     pub read_only: bool,
+    /// No file on the mount may be executed (`noexec`).
+    pub noexec: bool,
     /// History retention in ns (0 = off); `None` keeps what the store recorded.
     pub keep_history: Option<u64>,
     /// Replicas and their schedule; `None` fields keep what the store recorded.
@@ -390,10 +392,14 @@ fn run_daemon_inner(
 
     let source = format!("redbfs:{}", store_path.display());
     // A follower's mount is read-only in the kernel too: only its follower changes the store.
-    let (other, ro) = (req.allow_other, req.read_only || req.follow.is_some());
-    let mounted = match kernel_mount(&mp, &source, other, ro, fuse_device) {
+    let access = Access {
+        allow_other: req.allow_other,
+        read_only: req.read_only || req.follow.is_some(),
+        noexec: req.noexec,
+    };
+    let mounted = match kernel_mount(&mp, &source, access, fuse_device) {
         Ok(Some(fd)) => Ok(fd),
-        Ok(None) => fusermount_mount(&mp, &source, other, ro),
+        Ok(None) => fusermount_mount(&mp, &source, access),
         Err(e) => Err(e),
     };
     let fd = match mounted {
