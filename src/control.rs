@@ -25,7 +25,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -341,14 +341,19 @@ impl Daemon {
     /// Serves one connection: a request per line, no longer than `MAX_LINE`; a connection
     /// idle for `IDLE` (or a client that stops reading its answers) is closed.
     fn serve_conn(&self, stream: UnixStream) {
-        let _ = stream.set_read_timeout(Some(IDLE));
         let _ = stream.set_write_timeout(Some(IDLE));
         let mut out = match stream.try_clone() {
             Ok(s) => s,
             Err(_) => return,
         };
-        let mut reader = BufReader::new(stream);
+        let mut reader = BufReader::new(LineDeadline {
+            stream,
+            until: Instant::now(),
+        });
         loop {
+            // The whole request line within `IDLE`, not each read: a client that trickles
+            // a byte at a time holds one of the connections no longer.
+            reader.get_mut().until = Instant::now() + IDLE;
             let mut line = Vec::new();
             match (&mut reader)
                 .take(MAX_LINE as u64 + 1)
@@ -384,6 +389,23 @@ impl Daemon {
                 return;
             }
         }
+    }
+}
+
+/// A connection's reading end, whose reads fail once `until` has passed.
+struct LineDeadline {
+    stream: UnixStream,
+    until: Instant,
+}
+
+impl Read for LineDeadline {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
     }
 }
 

@@ -804,6 +804,21 @@ fn the_control_socket_has_limits() {
     let s = UnixStream::connect(&sock).unwrap();
     let a = answer(&s);
     assert!(a.contains("16 control connections"), "{a}");
+    // Half of them send a byte of a request line every 2 s: 30 s is for the whole line, not
+    // for each read (they used to hold their connections for as long as they trickled).
+    let trickling: Vec<UnixStream> = idle[8..].iter().map(|c| c.try_clone().unwrap()).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for mut c in &trickling {
+                    let _ = c.write_all(b" ");
+                }
+                std::thread::sleep(std::time::Duration::from_secs(2));
+            }
+        })
+    };
     // The idle ones are closed after 30 s; then a request is served again.
     std::thread::sleep(std::time::Duration::from_secs(32));
     let mut s = UnixStream::connect(&sock).unwrap();
@@ -816,6 +831,8 @@ fn the_control_socket_has_limits() {
             .unwrap();
         assert_eq!((&*c).read(&mut buf).unwrap(), 0, "closed by the daemon");
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    trickle.join().unwrap();
 }
 
 /// Regression: `redbfs unmount .` from inside the mount detached it lazily and then

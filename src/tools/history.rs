@@ -194,12 +194,20 @@ pub fn diff(r: &ReadTxn, path: &str, from: u64, to: Option<u64>) -> Result<Strin
     ))
 }
 
+/// How long `diff` looks for the smallest diff before it settles for a larger one.
+const DIFF_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The unified diff of `a` and `b` with three lines of context; empty when they are equal.
 fn unified(a: &str, b: &str, a_label: &str, b_label: &str) -> String {
     if a == b {
         return String::new();
     }
-    TextDiff::from_lines(a, b)
+    // Myers' diff costs the product of the lengths at worst (a 2 MB file rewritten took two
+    // minutes of the daemon's time, a read transaction held): past the deadline it finishes
+    // with a coarser diff, still a correct one.
+    TextDiff::configure()
+        .timeout(DIFF_DEADLINE)
+        .diff_lines(a, b)
         .unified_diff()
         .context_radius(3)
         .header(a_label, b_label)
@@ -226,6 +234,23 @@ fn point_time(r: &ReadTxn, spec: &str) -> Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::unified;
+
+    /// Two texts with no line in common are the diff's worst case (its cost the product of
+    /// their lengths): past its deadline it still gives a correct diff, every line of one
+    /// removed and every line of the other added.
+    #[test]
+    fn a_diff_past_its_deadline_is_still_whole() {
+        let a: String = (0..20_000).map(|i| format!("a{i}\n")).collect();
+        let b: String = (0..20_000).map(|i| format!("b{i}\n")).collect();
+        let d = unified(&a, &b, "x", "y");
+        let count = |c: char, not: &str| {
+            d.lines()
+                .filter(|l| l.starts_with(c) && !l.starts_with(not))
+                .count()
+        };
+        assert_eq!(count('-', "---"), 20_000);
+        assert_eq!(count('+', "+++"), 20_000);
+    }
 
     #[test]
     fn equal_texts_have_no_diff() {
