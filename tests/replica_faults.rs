@@ -976,3 +976,70 @@ fn an_s3_replica_through_errors_and_stalls() {
     assert!(out.status.success(), "{}", err_of(&out));
     assert_eq!(content(&restored, "kept.md"), "shipped before the faults\n");
 }
+
+/// `restore --from` used to skip a generation whose manifest did not read (logging a
+/// warning) and restore an older one, exit 0, while `replica verify` exited 1. A damaged
+/// newest manifest now fails it, naming the generation and the `--generation` that restores
+/// the older one on purpose; a follower's first mount fails the same way.
+#[test]
+fn a_damaged_newest_manifest_fails_restore_and_names_the_way_back() {
+    if !fuse_available() {
+        return;
+    }
+    let (_g, rep, url) = copy_of_base();
+    let old = newest_generation(&rep);
+    let old_name = old.file_name().unwrap().to_str().unwrap().to_string();
+    // A newer generation: the same objects under a later start time, its manifest cut short.
+    let mut parts: Vec<String> = old_name.split('-').map(str::to_string).collect();
+    parts[1] = format!("{:020}", parts[1].parse::<u64>().unwrap() + 1);
+    let new_name = parts.join("-");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&old)
+        .arg(rep.join("generations").join(&new_name))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::write(
+        rep.join("generations")
+            .join(&new_name)
+            .join("manifest.json"),
+        "{\"version\":1,",
+    )
+    .unwrap();
+
+    let (out, store, _d) = restore(&url, &[]);
+    let said = err_of(&out);
+    assert_eq!(out.status.code(), Some(1), "fails: {said}");
+    assert!(said.contains(&new_name), "names the generation: {said}");
+    assert!(said.contains("cannot be restored from"), "{said}");
+    assert!(
+        said.contains(&format!("--generation {old_name}")),
+        "says how to restore the older one: {said}"
+    );
+    assert!(!store.exists(), "nothing restored");
+    no_leftovers(&store);
+    let out = run(&["replica", "verify", &url], &[]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let (out, store, _d) = restore(&url, &["--generation", &old_name, "--json"]);
+    assert_eq!(commit_of(&out), base().last_commit);
+    let (name, body) = &base().files[3];
+    assert_eq!(&content(&store, name), body);
+    let (out, _, _d) = restore(&url, &["--generation", "e-none"]);
+    assert!(
+        err_of(&out).contains("holds no generation e-none"),
+        "{}",
+        err_of(&out)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let out = mount(&mp, &dir.path().join("f.redb"), &["--follow", &url], &[]);
+    let said = err_of(&out);
+    assert!(
+        !out.status.success(),
+        "a follower's first mount fails: {said}"
+    );
+    assert!(said.contains(&new_name), "{said}");
+}

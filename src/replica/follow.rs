@@ -122,6 +122,7 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     let rebuilt = runtime()?.block_on(super::restore::rebuild(
         &target,
         Point::Latest,
+        None,
         &scratch,
         false,
     ));
