@@ -529,15 +529,7 @@ fn entries(
         if kind == Kind::Dir {
             *subdirs += 1;
         }
-        // Plain ASCII is decided from its bytes; anything else goes through the parser,
-        // which also words the finding.
-        if Name::plain_ascii_is_valid(name.as_bytes()) != Some(true) {
-            match Name::parse(name.as_bytes(), NameRules::Linux) {
-                Ok(n) if n.as_str() == name => {}
-                Ok(_) => findings.push(format!("entry {name:?} in {parent} is not in NFC")),
-                Err(err) => findings.push(format!("entry {name:?} in {parent}: {err}")),
-            }
-        }
+        findings.extend(entry_name_finding(parent, name));
         if let (Some(l), Some((depth, bytes))) = (limits, *from_root) {
             let (depth, bytes) = (depth as usize + 1, bytes as usize + 1 + name.len());
             if depth > l.max_depth {
@@ -572,6 +564,23 @@ fn entries(
     })?;
     close(group, dirs, findings);
     Ok(())
+}
+
+/// What is wrong with `name` as the name of an entry of directory `parent`, worded as a
+/// finding, or None: every name passes the normaliser the mount uses (`Name::parse`, Linux
+/// rules) and is stored as it spells it (NFC). A follower applies each name of a batch
+/// through this too.
+pub fn entry_name_finding(parent: u64, name: &str) -> Option<String> {
+    // Plain ASCII is decided from its bytes; anything else goes through the parser, which
+    // also words the finding.
+    if Name::plain_ascii_is_valid(name.as_bytes()) == Some(true) {
+        return None;
+    }
+    match Name::parse(name.as_bytes(), NameRules::Linux) {
+        Ok(n) if n.as_str() == name => None,
+        Ok(_) => Some(format!("entry {name:?} in {parent} is not in NFC")),
+        Err(err) => Some(format!("entry {name:?} in {parent}: {err}")),
+    }
 }
 
 /// File content: chunks belong to files and lie within their sizes, chunk 0 is held in

@@ -78,7 +78,10 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
     write("a.md", b"first version");
     let (at, batch) = shipped_after(feed, attached.from);
     let busy = f.store().commit_stats().writer_busy_ns;
-    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    let changed = f
+        .store()
+        .apply_shipped(&batch, &[], &redbfs::check::entry_name_finding)
+        .unwrap();
     // The follower's batch held its store's write transaction: `status` counts it.
     assert!(f.store().commit_stats().writer_busy_ns > busy);
     assert!(
@@ -93,7 +96,10 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
     w.rename(ME, ROOT_INO, b".tmp-1", ROOT_INO, b"a.md", 0)
         .unwrap();
     let (at, batch) = shipped_after(feed, at);
-    let changed = f.store().apply_shipped(&batch, &[]).unwrap();
+    let changed = f
+        .store()
+        .apply_shipped(&batch, &[], &redbfs::check::entry_name_finding)
+        .unwrap();
     assert!(changed.inodes.contains(&old.ino), "{changed:?}");
     f.changed_outside(changed);
     assert_eq!(f.read(fh, 0, 4096).unwrap(), b"first version");
@@ -111,7 +117,11 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
     // One batch later that version is let go: ESTALE, and the kernel looks the name up again.
     write("b.md", b"another");
     let (_, batch) = shipped_after(feed, at);
-    f.changed_outside(f.store().apply_shipped(&batch, &[]).unwrap());
+    f.changed_outside(
+        f.store()
+            .apply_shipped(&batch, &[], &redbfs::check::entry_name_finding)
+            .unwrap(),
+    );
     assert!(matches!(f.getattr(old.ino), Err(Error::Stale)));
     assert!(matches!(
         f.open(ME, old.ino, OpenMode::default()),

@@ -976,3 +976,244 @@ fn an_s3_replica_through_errors_and_stalls() {
     assert!(out.status.success(), "{}", err_of(&out));
     assert_eq!(content(&restored, "kept.md"), "shipped before the faults\n");
 }
+
+/// `redbfs status MP --json` of a follower.
+fn follower_status(mp: &Path) -> serde_json::Value {
+    let out = run(&["status", mp.to_str().unwrap(), "--json"], &[]);
+    assert!(out.status.success(), "{}", err_of(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["follower"].clone()
+}
+
+/// Polls the follower at `mp` (at most 60 s) until `done` says yes of its status.
+fn follower_until(mp: &Path, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = follower_status(mp);
+        if done(&s) {
+            return s;
+        }
+        assert!(Instant::now() < until, "the follower never got there: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `restore --from` used to skip a generation whose manifest did not read (logging a
+/// warning) and restore an older one, exit 0, while `replica verify` exited 1. A damaged
+/// newest manifest now fails it, naming the generation and the `--generation` that restores
+/// the older one on purpose; a follower's first mount fails the same way.
+#[test]
+fn a_damaged_newest_manifest_fails_restore_and_names_the_way_back() {
+    if !fuse_available() {
+        return;
+    }
+    let (_g, rep, url) = copy_of_base();
+    let old = newest_generation(&rep);
+    let old_name = old.file_name().unwrap().to_str().unwrap().to_string();
+    // A newer generation: the same objects under a later start time, its manifest cut short.
+    let mut parts: Vec<String> = old_name.split('-').map(str::to_string).collect();
+    parts[1] = format!("{:020}", parts[1].parse::<u64>().unwrap() + 1);
+    let new_name = parts.join("-");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&old)
+        .arg(rep.join("generations").join(&new_name))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::write(
+        rep.join("generations")
+            .join(&new_name)
+            .join("manifest.json"),
+        "{\"version\":1,",
+    )
+    .unwrap();
+
+    let (out, store, _d) = restore(&url, &[]);
+    let said = err_of(&out);
+    assert_eq!(out.status.code(), Some(1), "fails: {said}");
+    assert!(said.contains(&new_name), "names the generation: {said}");
+    assert!(said.contains("cannot be restored from"), "{said}");
+    assert!(
+        said.contains(&format!("--generation {old_name}")),
+        "says how to restore the older one: {said}"
+    );
+    assert!(!store.exists(), "nothing restored");
+    no_leftovers(&store);
+    let out = run(&["replica", "verify", &url], &[]);
+    assert_eq!(out.status.code(), Some(1));
+
+    let (out, store, _d) = restore(&url, &["--generation", &old_name, "--json"]);
+    assert_eq!(commit_of(&out), base().last_commit);
+    let (name, body) = &base().files[3];
+    assert_eq!(&content(&store, name), body);
+    let (out, _, _d) = restore(&url, &["--generation", "e-none"]);
+    assert!(
+        err_of(&out).contains("holds no generation e-none"),
+        "{}",
+        err_of(&out)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let out = mount(&mp, &dir.path().join("f.redb"), &["--follow", &url], &[]);
+    let said = err_of(&out);
+    assert!(
+        !out.status.success(),
+        "a follower's first mount fails: {said}"
+    );
+    assert!(said.contains(&new_name), "{said}");
+}
+
+/// Rewrites every record of `seg` (log id `id`) with `from` replaced by `to` (as long), each
+/// record's checksum recomputed.
+fn rewrite_segment(seg: &Path, id: u64, from: &[u8], to: &[u8]) -> usize {
+    let old = std::fs::read(seg).unwrap();
+    let (mut at, mut out, mut hits) = (0usize, Vec::new(), 0);
+    while at < old.len() {
+        let len = u32::from_le_bytes(old[at + 4..at + 8].try_into().unwrap()) as usize;
+        let seq = u64::from_le_bytes(old[at + 8..at + 16].try_into().unwrap());
+        let mut payload = old[at + 24..at + 24 + len].to_vec();
+        for i in 0..payload.len().saturating_sub(from.len() - 1) {
+            if &payload[i..i + from.len()] == from {
+                payload[i..i + from.len()].copy_from_slice(to);
+                hits += 1;
+            }
+        }
+        encode(&mut out, id, seq, &payload);
+        at += 24 + len;
+    }
+    std::fs::write(seg, &out).unwrap();
+    hits
+}
+
+/// A follower applied replica records with only their byte layout checked: a segment
+/// rewritten so an entry's name holds '/' (checksums recomputed) was mounted and listed
+/// EIO, though `restore --from` refused it. A follower's first mount now runs the checks
+/// `restore --from` runs and fails naming the rule.
+#[test]
+fn a_follower_s_first_mount_refuses_what_restore_refuses() {
+    if !fuse_available() {
+        return;
+    }
+    let (_g, rep, url) = copy_of_base();
+    let (g, segs) = segments(&rep);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(g.join("manifest.json")).unwrap()).unwrap();
+    let id = manifest["log_id"].as_u64().unwrap();
+    let hits: usize = segs
+        .iter()
+        .map(|(_, _, p)| rewrite_segment(p, id, b"note-5.md", b"note/5.md"))
+        .sum();
+    assert!(hits > 0);
+    let (out, _store, _d) = restore(&url, &[]);
+    let said = err_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("name contains '/'"), "{said}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let store = dir.path().join("f.redb");
+    let out = mount(&mp, &store, &["--follow", &url], &[]);
+    let said = err_of(&out);
+    if out.status.success() {
+        let _ = run(&["unmount", mp.to_str().unwrap()], &[]);
+    }
+    assert!(!out.status.success(), "mounted: {said}");
+    assert!(said.contains("name contains '/'"), "names the rule: {said}");
+    assert!(!store.exists(), "no store was put in place");
+}
+
+/// A live follower applied a forged later segment whose one entry `(1, "x/y") -> 4` passed
+/// the byte checks ("up to date"), and the root then listed EIO. The batch is now refused:
+/// the follower stays at its last good commit, logs one line naming the commit and the rule,
+/// and `status` says so (never "up to date"); the root lists as before.
+#[test]
+fn a_live_follower_refuses_a_forged_batch_and_says_so() {
+    if !fuse_available() {
+        return;
+    }
+    let (_g, rep, url) = copy_of_base();
+    let g = newest_generation(&rep);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(g.join("manifest.json")).unwrap()).unwrap();
+    let id = manifest["log_id"].as_u64().unwrap();
+    let last = base().last_commit;
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    let log = dir.path().join("daemon.log");
+    let out = mount(
+        &mp,
+        &dir.path().join("f.redb"),
+        &[
+            "--follow",
+            &url,
+            "--follow-interval",
+            "100ms",
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", err_of(&out));
+    let listed = |mp: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(mp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    follower_until(&mp, |s| s["follower_commit"].as_u64() == Some(last));
+    let before = listed(&mp);
+
+    let mut payload = vec![1u8, 7];
+    payload.extend_from_slice(b"dirents");
+    let key = [&1u64.to_le_bytes()[..], b"x/y"].concat();
+    payload.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    payload.extend_from_slice(&key);
+    payload.extend_from_slice(&9u32.to_le_bytes());
+    payload.extend_from_slice(&4u64.to_le_bytes());
+    payload.push(1);
+    let mut seg = Vec::new();
+    encode(&mut seg, id, last + 1, &payload);
+    std::fs::write(planted(&g, last + 1, last + 1), &seg).unwrap();
+
+    let s = follower_until(&mp, |s| {
+        s["refused"].is_string() || s["follower_commit"].as_u64() != Some(last)
+    });
+    let shown = run(&["status", mp.to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    let after = std::fs::read_dir(&mp).and_then(|d| {
+        let mut v = d
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<Vec<_>, _>>()?;
+        v.sort();
+        Ok(v)
+    });
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let out = run(&["unmount", mp.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", err_of(&out));
+
+    assert_eq!(
+        s["follower_commit"].as_u64(),
+        Some(last),
+        "stays at its last good commit: {s}"
+    );
+    let refused = s["refused"].as_str().unwrap();
+    assert!(refused.contains(&format!("commit {}", last + 1)), "{s}");
+    assert!(refused.contains("name contains '/'"), "{s}");
+    assert!(!text.contains("up to date"), "{text}");
+    assert!(text.contains("refused"), "{text}");
+    assert_eq!(after.ok(), Some(before), "the root lists as before");
+    let lines: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("refused what the replica holds next"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{logged}");
+    assert!(
+        lines[0].contains(&format!("commit {}", last + 1))
+            && lines[0].contains("name contains '/'"),
+        "{logged}"
+    );
+}

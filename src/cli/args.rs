@@ -282,6 +282,10 @@ pub(super) struct Restore {
     /// before what it lists, restore the last commit that verifies instead of failing.
     #[arg(long, requires = "from")]
     pub to_last_verified: bool,
+    /// With --from: restore from this generation (as `replica ls` names it), not the newest
+    /// one; needed to restore an older generation when a newer one cannot be read.
+    #[arg(long, requires = "from", value_name = "GENERATION")]
+    pub generation: Option<String>,
     #[arg(long)]
     pub json: bool,
 }

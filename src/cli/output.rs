@@ -233,7 +233,11 @@ pub(super) fn status(v: &Value, f: Format) {
 /// A follower: the writer's last shipped commit, the follower's, and how far behind it is.
 fn follower_line(f: &Value) {
     let behind = f["commits_behind"].as_u64().unwrap_or(0);
-    let state = if behind == 0 {
+    let state = if f["refused"].is_string() {
+        "held there: what the replica holds next is refused".to_string()
+    } else if behind == 0 && f["error"].is_string() {
+        "not known to be up to date".to_string()
+    } else if behind == 0 {
         "up to date".to_string()
     } else {
         format!(
@@ -248,7 +252,9 @@ fn follower_line(f: &Value) {
         f["writer_commit"],
         f["follower_commit"]
     );
-    if let Some(e) = f["error"].as_str() {
+    if let Some(e) = f["refused"].as_str() {
+        outln!("            refused: {}", shown(e));
+    } else if let Some(e) = f["error"].as_str() {
         outln!("            cannot follow now: {}", shown(e));
     }
 }

@@ -48,7 +48,14 @@ pub(super) fn restore_from(a: Restore) -> Result<i32, String> {
         .map_err(|_| "restore --from URL STORE takes one path: the store".to_string())?;
     let store = Target::unmounted(&store, "restoring")?;
     let at = point(a.at.as_deref())?;
-    let done = restore::restore(url, at, &store, a.discard_current, a.to_last_verified)?;
+    let done = restore::restore(
+        url,
+        at,
+        a.generation.as_deref(),
+        &store,
+        a.discard_current,
+        a.to_last_verified,
+    )?;
     output::restored_from(&done, Format::of(a.json));
     Ok(0)
 }

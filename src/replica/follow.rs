@@ -23,7 +23,7 @@ use serde_json::Value;
 use super::epoch::Cut;
 use super::restore::{Point, walk};
 use super::{Manifest, Target, runtime};
-use crate::fs::Fs;
+use crate::fs::{Fs, Name, NameRules};
 use crate::store::schema::META_FOLLOWED;
 use crate::store::{Store, now_ns};
 
@@ -122,10 +122,23 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
     let rebuilt = runtime()?.block_on(super::restore::rebuild(
         &target,
         Point::Latest,
+        None,
         &scratch,
         false,
     ));
-    let (m, commit) = match rebuilt {
+    // Checked as `restore --from` checks what it puts in place (redb's integrity check and
+    // every invariant, each name through the normaliser), before it becomes the store.
+    let checked = rebuilt.and_then(|r| {
+        checked_store(
+            &scratch,
+            &format!(
+                "generation {} at commit {}",
+                r.manifest.generation, r.commit
+            ),
+        )?;
+        Ok(r)
+    });
+    let (m, commit) = match checked {
         Ok(r) => (r.manifest, r.commit),
         Err(e) => {
             let _ = std::fs::remove_file(&scratch);
@@ -143,11 +156,35 @@ pub fn prepare(url: &str, path: &Path) -> Result<Store, String> {
         commit,
     };
     store
-        .apply_shipped(&[], &followed.meta())
+        .apply_shipped(&[], &followed.meta(), &|_, _| None)
         .map_err(|e| e.to_string())?;
     store.freeze(frozen_reason(url));
     tracing::info!(replica = %super::redact(url), generation = %followed.generation, commit = followed.commit, "following the replica");
     Ok(store)
+}
+
+/// Checks the store file at `path` (what the replica holds as `what`) as `restore` checks a
+/// store before it puts it in place: redb's integrity check, then every invariant of
+/// `check`. The first finding, named for the replica's generation rather than the scratch
+/// file.
+fn checked_store(path: &Path, what: &str) -> Result<(), String> {
+    crate::tools::verify(path).map_err(|e| {
+        let e = e.replace(&format!("{}: ", path.display()), "");
+        format!("{what} does not pass the store's checks, so it is not followed: {e}")
+    })
+}
+
+/// The rule each name a follower applies passes: the normaliser the mount uses, under the
+/// store's `--names` rules.
+fn name_rule(rules: NameRules) -> impl Fn(u64, &str) -> Option<String> {
+    move |parent, name| {
+        crate::check::entry_name_finding(parent, name).or_else(|| match rules {
+            NameRules::Linux => None,
+            NameRules::Portable => Name::parse(name.as_bytes(), rules)
+                .err()
+                .map(|e| format!("entry {name:?} in {parent}: {e}")),
+        })
+    }
 }
 
 /// Whether a follower's store at `f` can go on from there: `f`'s generation is the newest
@@ -209,6 +246,9 @@ pub struct FollowState {
     pub apply_seconds: f64,
     /// Why the last poll failed, while it fails.
     pub error: Option<String>,
+    /// What the replica holds next that does not pass the store's rules (the commit and the
+    /// rule), while it is refused: the follower stays at its last good commit.
+    pub refused: Option<String>,
     /// Since when (ns) the follower has been behind the replica, while it is.
     #[serde(skip)]
     behind_since: Option<i64>,
@@ -335,6 +375,27 @@ fn scratch_path(store: &Path) -> PathBuf {
     crate::private::parent_dir(store).join(format!(".{name}.follow-{}.tmp", std::process::id()))
 }
 
+/// Why a poll did not bring the follower up to the replica.
+enum Stalled {
+    /// The replica could not be read, or its chain breaks: tried again every interval.
+    Failing(String),
+    /// What the replica holds next does not pass the store's rules (the commit and the
+    /// rule): nothing of it applied, the follower held at its last good commit.
+    Refused(String),
+}
+
+impl From<String> for Stalled {
+    fn from(e: String) -> Stalled {
+        Stalled::Failing(e)
+    }
+}
+
+impl From<super::ReadError> for Stalled {
+    fn from(e: super::ReadError) -> Stalled {
+        Stalled::Failing(e.into())
+    }
+}
+
 /// The follower's thread.
 struct Poller {
     fs: Arc<Fs>,
@@ -348,19 +409,30 @@ struct Poller {
 }
 
 impl Poller {
-    /// One warning when polling starts failing, one line when it works again.
-    fn report(&mut self, result: Result<(), String>) {
+    /// One warning when polling starts failing, one line when it works again; one error line
+    /// for each refusal (the commit and the rule).
+    fn report(&mut self, result: Result<(), Stalled>) {
         let mut s = lock(&self.state);
         s.last_poll_ns = Some(now_ns());
         match result {
             Ok(()) => {
-                if self.failing {
+                if self.failing || s.refused.is_some() {
                     tracing::info!(replica = %self.target.shown(), commit = s.follower_commit, "the replica answers again; following");
                 }
                 self.failing = false;
                 s.error = None;
+                s.refused = None;
             }
-            Err(e) => {
+            Err(Stalled::Refused(e)) => {
+                if s.refused.as_ref() != Some(&e) {
+                    tracing::error!(replica = %self.target.shown(), commit = s.follower_commit, "refused what the replica holds next: {e}; the follower stays at commit {} (`redbfs status` shows this until the replica holds something that passes)", s.follower_commit);
+                }
+                self.failing = false;
+                s.error = Some(e.clone());
+                s.refused = Some(e);
+            }
+            Err(Stalled::Failing(e)) => {
+                s.refused = None;
                 if !self.failing {
                     tracing::warn!(replica = %self.target.shown(), error = %e, "cannot follow the replica for now; the mount serves what it has and catches up once the replica answers (`redbfs status` shows how far behind it is)");
                 }
@@ -372,12 +444,12 @@ impl Poller {
 
     /// One poll: a newer generation is switched to; the segments that follow what the store
     /// holds are applied, one transaction each.
-    async fn poll(&mut self) -> Result<(), String> {
+    async fn poll(&mut self) -> Result<(), Stalled> {
         self.target.load_fence().await?;
         let newest = self
             .newest_generation()
             .await?
-            .ok_or("the replica holds no complete generation")?;
+            .ok_or_else(|| "the replica holds no complete generation".to_string())?;
         if newest.generation != self.followed.generation {
             self.switch_to(&newest).await?;
         }
@@ -403,6 +475,8 @@ impl Poller {
         // Each segment's verified records in one transaction, as `restore --from` applies
         // them; the walk stops at a gap or a segment that does not verify.
         let (fs, state) = (self.fs.clone(), self.state.clone());
+        let names = name_rule(fs.limits().names);
+        let mut refused = None;
         let mut followed = self.followed.clone();
         let from = (followed.commit, 0);
         let walked = walk(&self.target, &newest, &segments, from, &mut |records| {
@@ -414,10 +488,20 @@ impl Poller {
                 ..followed.clone()
             };
             let started = std::time::Instant::now();
-            let changed = fs
-                .store()
-                .apply_shipped(&records, &next.meta())
-                .map_err(|e| format!("applying commits up to {last} of {generation}: {e}"))?;
+            let first = records.first().map_or(last, |r| r.seq());
+            let changed = match fs.store().apply_shipped(&records, &next.meta(), &names) {
+                Ok(c) => c,
+                Err(crate::store::StoreError::Refused(e)) => {
+                    let e = format!("generation {generation}, commits {first}..={last}: {e}");
+                    refused = Some(e.clone());
+                    return Err(e);
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "applying commits up to {last} of {generation}: {e}"
+                    ));
+                }
+            };
             fs.changed_outside(changed);
             followed = next;
             let mut s = lock(&state);
@@ -432,12 +516,15 @@ impl Poller {
         })
         .await;
         self.followed = followed;
+        if let Some(e) = refused {
+            return Err(Stalled::Refused(e));
+        }
         let walked = walked?;
         if let Some(b) = walked.broken {
-            return Err(format!(
+            return Err(Stalled::Failing(format!(
                 "generation {generation}: {b}; the follower stays at commit {}",
                 self.followed.commit
-            ));
+            )));
         }
         let mut s = lock(&self.state);
         if s.follower_commit >= s.writer_commit {
@@ -468,8 +555,9 @@ impl Poller {
         Ok(None)
     }
 
-    /// The store becomes generation `m`'s snapshot, in one transaction.
-    async fn switch_to(&mut self, m: &Manifest) -> Result<(), String> {
+    /// The store becomes generation `m`'s snapshot, in one transaction, once it passed the
+    /// checks `restore --from` runs.
+    async fn switch_to(&mut self, m: &Manifest) -> Result<(), Stalled> {
         let _ = std::fs::remove_file(&self.scratch);
         {
             let mut f = crate::private::create_new(&self.scratch)
@@ -481,11 +569,19 @@ impl Poller {
             })?;
             if size != m.snapshot_bytes {
                 let _ = std::fs::remove_file(&self.scratch);
-                return Err(format!(
+                return Err(Stalled::Failing(format!(
                     "{}/snapshot.redb holds {size} bytes, its manifest says {}",
                     m.generation, m.snapshot_bytes
-                ));
+                )));
             }
+        }
+        let what = format!(
+            "generation {}'s snapshot (commit {})",
+            m.generation, m.commit
+        );
+        if let Err(e) = checked_store(&self.scratch, &what) {
+            let _ = std::fs::remove_file(&self.scratch);
+            return Err(Stalled::Refused(e));
         }
         let next = Followed {
             url: self.followed.url.clone(),

@@ -383,13 +383,15 @@ pub fn remove_leftovers(dir: &Path, name: &str) {
     }
 }
 
-/// `restore --from`: rebuilds the store at `point` from the replica at `url` and puts it in
-/// place at `store` (not mounted: the caller checks) as `restore` does, keeping the file it
-/// replaces unless `discard_current`. A chain that stops verifying before what the replica
-/// lists fails, naming the break, unless `to_last_verified`.
+/// `restore --from`: rebuilds the store at `point` from the replica at `url` (from generation
+/// `generation` only, when given) and puts it in place at `store` (not mounted: the caller
+/// checks) as `restore` does, keeping the file it replaces unless `discard_current`. A chain
+/// that stops verifying before what the replica lists fails, naming the break, unless
+/// `to_last_verified`; so does a newer generation whose manifest does not read (`choose`).
 pub fn restore(
     url: &str,
     point: Point,
+    generation: Option<&str>,
     store: &Path,
     discard_current: bool,
     to_last_verified: bool,
@@ -405,7 +407,13 @@ pub fn restore(
     let scratch = dir.join(scratch_name(&name, std::process::id()));
     let _ = std::fs::remove_file(&scratch);
     let io = runtime()?;
-    let rebuilt = io.block_on(rebuild(&target, point, &scratch, to_last_verified));
+    let rebuilt = io.block_on(rebuild(
+        &target,
+        point,
+        generation,
+        &scratch,
+        to_last_verified,
+    ));
     drop(io);
     let result = rebuilt.and_then(|r| {
         let (kept, dropped) = crate::tools::restore_dropping(&scratch, store, discard_current)?;
@@ -425,17 +433,59 @@ pub fn restore(
     result
 }
 
-/// The newest generation that holds `point` by its listing, with that listing.
-async fn choose(target: &Target, point: Point) -> Result<(Manifest, Vec<Link>), String> {
+/// The newest generation that holds `point` by its listing (only generation `only`, when
+/// given), with that listing. A generation without a manifest (its upload never finished,
+/// or a fenced writer started it) is passed over; one newer than the generation chosen
+/// whose manifest does not read fails the choice, naming it and how to restore an older one
+/// explicitly (`--generation`): never a silent fall back to older state. A replica out of
+/// reach fails it too.
+async fn choose(
+    target: &Target,
+    point: Point,
+    only: Option<&str>,
+) -> Result<(Manifest, Vec<Link>), String> {
     let names = target.generation_names().await?;
+    if let Some(g) = only
+        && !names.iter().any(|n| n == g)
+    {
+        return Err(format!("{}: holds no generation {g}", target.shown()));
+    }
     let mut reach = Vec::new();
-    for name in names.iter().rev() {
+    for (at, name) in names.iter().enumerate().rev() {
+        if only.is_some_and(|g| g != name) {
+            continue;
+        }
         let m = match target.manifest(name).await {
             Ok(Some(m)) => m,
+            Ok(None) if only.is_some() => {
+                return Err(format!(
+                    "{}: generation {name} has no manifest a restore may use (its upload \
+                     never finished, or a writer taken over started it)",
+                    target.shown()
+                ));
+            }
             Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!(replica = %target.shown(), generation = %name, "skipping a generation whose manifest does not read: {e}");
+            Err(ReadError::Unreachable(e)) => return Err(e),
+            // A generation no epoch lets stand (a fenced writer's, started after the
+            // takeover) is passed over whatever its manifest holds.
+            Err(ReadError::Bad(_))
+                if only.is_none() && !target.stands(name, super::epoch_of_generation(name), 0) =>
+            {
                 continue;
+            }
+            Err(ReadError::Bad(e)) => {
+                let older = match names[..at].last() {
+                    Some(g) => format!(
+                        "; `--generation {g}` restores the generation before it (`redbfs \
+                         replica ls` lists them all)"
+                    ),
+                    None => "; the replica holds no older generation".to_string(),
+                };
+                return Err(format!(
+                    "{}: generation {name} cannot be restored from: {e}. Nothing was \
+                     restored{older}",
+                    target.shown()
+                ));
             }
         };
         let links = target.segments(name).await?;
@@ -481,11 +531,12 @@ pub(super) struct Rebuilt {
 pub(super) async fn rebuild(
     target: &Target,
     point: Point,
+    generation: Option<&str>,
     scratch: &Path,
     to_last_verified: bool,
 ) -> Result<Rebuilt, String> {
     target.load_fence().await?;
-    let (m, links) = choose(target, point).await?;
+    let (m, links) = choose(target, point, generation).await?;
     let snapshot = target.gen_path(&m.generation, "snapshot.redb");
     {
         let mut f = crate::private::create_new(scratch)

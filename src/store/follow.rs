@@ -9,6 +9,7 @@
 //! the store is exactly the replica's state at that commit (but for the follower's own
 //! `meta` keys, written in the same transaction).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,28 +28,45 @@ pub struct Changed {
     pub inodes: Vec<u64>,
 }
 
+/// What a change to a key of a table touches, as a batch's check and the kernel's caches
+/// see it.
+enum Touch {
+    /// An inode's record or content.
+    Inode(u64),
+    /// A directory entry (parent, name).
+    Dirent(u64, String),
+    /// An inode's row in `orphans`.
+    Orphan(u64),
+}
+
+/// What a change to `key` of `table` (in redb's byte encoding of the table's key) touches.
+fn touch_of(table: &str, key: &[u8]) -> Option<Touch> {
+    let u64_at = |at: usize| {
+        key.get(at..at + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
+    };
+    match table {
+        "inodes" if key.len() == 8 => u64_at(0).map(Touch::Inode),
+        // (ino, chunk index): the file's content.
+        "filemap" if key.len() == 16 => u64_at(0).map(Touch::Inode),
+        "orphans" if key.len() == 8 => u64_at(0).map(Touch::Orphan),
+        // (parent, name): a fixed-width u64, then the name's bytes.
+        "dirents" => {
+            let name = key.get(8..).and_then(|n| std::str::from_utf8(n).ok())?;
+            Some(Touch::Dirent(u64_at(0)?, name.to_string()))
+        }
+        _ => None,
+    }
+}
+
 impl Changed {
     /// Notes a change to `key` of `table` (in redb's byte encoding of the table's key).
     fn note(&mut self, table: &str, key: &[u8]) {
-        let u64_at = |at: usize| {
-            key.get(at..at + 8)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(u64::from_le_bytes)
-        };
-        match table {
-            "inodes" if key.len() == 8 => self.inodes.extend(u64_at(0)),
-            // (ino, chunk index): the file's content.
-            "filemap" if key.len() == 16 => self.inodes.extend(u64_at(0)),
-            // (parent, name): a fixed-width u64, then the name's bytes.
-            "dirents" => {
-                if let (Some(parent), Some(name)) = (
-                    u64_at(0),
-                    key.get(8..).and_then(|n| std::str::from_utf8(n).ok()),
-                ) {
-                    self.dirents.push((parent, name.to_string()));
-                }
-            }
-            _ => {}
+        match touch_of(table, key) {
+            Some(Touch::Inode(ino)) => self.inodes.push(ino),
+            Some(Touch::Dirent(parent, name)) => self.dirents.push((parent, name)),
+            Some(Touch::Orphan(_)) | None => {}
         }
     }
 
@@ -115,10 +133,16 @@ impl Store {
     /// Applies verified `records` (in order, the first following this store's last commit)
     /// in one durable transaction, with the follower's own `meta` keys `local` put in it too; the
     /// store then holds the last record's commit number. What the batch changed.
+    ///
+    /// Before it commits, every entry and inode the batch touched is checked as `check`
+    /// checks the whole store (`check_batch`), each name through `names`; a batch that fails
+    /// is refused (`StoreError::Refused`, naming the commit and the rule), nothing of it
+    /// applied.
     pub fn apply_shipped(
         &self,
         records: &[VerifiedRecord],
         local: &[(&str, Vec<u8>)],
+        names: NameRule<'_>,
     ) -> Result<Changed, StoreError> {
         let at = self.commits.load(Ordering::Acquire);
         if let Some(first) = records.first().map(VerifiedRecord::seq)
@@ -132,6 +156,7 @@ impl Store {
         let tx = self.writable_db()?.begin_write().map_err(map_err)?;
         let _held = self.writer_held();
         let mut changed = Changed::default();
+        let mut touched = Touched::default();
         let mut last = at;
         for r in records {
             let seq = r.seq();
@@ -140,8 +165,14 @@ impl Store {
                     "commit {seq} does not follow commit {last}"
                 )));
             }
-            replay_noting(&tx, r.payload(), &mut |t, k| changed.note(t, k))?;
+            replay_noting(&tx, r.payload(), &mut |t, k| {
+                changed.note(t, k);
+                touched.note(t, k, seq);
+            })?;
             last = seq;
+        }
+        if let Some(before) = &before {
+            check_batch(&tx, before, &touched, names)?;
         }
         keep_own_format(&tx)?;
         finish_meta(&tx, last, local)?;
@@ -225,6 +256,191 @@ impl Store {
         self.keep_before(Some(before));
         Ok(changed.finish())
     }
+}
+
+/// The rule every name a follower applies must pass, worded as `check` words a finding
+/// (`crate::check::entry_name_finding`: the normaliser the mount uses, which `store` does not
+/// import), given the entry's parent and name; None when it passes.
+pub type NameRule<'a> = &'a dyn Fn(u64, &str) -> Option<String>;
+
+/// The keys a batch touched, each with the last commit of the batch that touched it.
+#[derive(Default)]
+struct Touched {
+    dirents: BTreeMap<(u64, String), u64>,
+    /// Inodes whose record, content or orphan row changed.
+    inodes: BTreeMap<u64, u64>,
+}
+
+impl Touched {
+    fn note(&mut self, table: &str, key: &[u8], seq: u64) {
+        match touch_of(table, key) {
+            Some(Touch::Inode(ino) | Touch::Orphan(ino)) => {
+                self.inodes.insert(ino, seq);
+            }
+            Some(Touch::Dirent(parent, name)) => {
+                self.dirents.insert((parent, name), seq);
+            }
+            None => {}
+        }
+    }
+}
+
+/// How many directories up from an entry the cycle check walks before it calls the chain a
+/// cycle: far beyond any `--max-depth` a store allows, so only a loop reaches it.
+const MAX_WALK_UP: usize = 4096;
+
+/// Checks what a batch applied in `tx` (the store before it: `before`) left of the keys it
+/// touched, as `check` checks the whole store: each entry it put has a valid name (`names`),
+/// lives in a directory, and names an inode of its kind whose record names it back, and a
+/// directory moved is not put below itself; each inode it touched (and each an entry it
+/// changed pointed to before) is below the inode counter, reachable through the entry its
+/// record names or an orphan (not both), and one removed leaves no entry pointing to it and,
+/// for a directory, no entry in it. Only those keys and their neighbours are read, never the
+/// whole store. The first fault refuses the batch, naming the commit that last touched the key.
+fn check_batch(
+    tx: &redb::WriteTransaction,
+    before: &ReadTxn,
+    touched: &Touched,
+    names: NameRule<'_>,
+) -> Result<(), StoreError> {
+    use super::read::{get_inode_in, lookup_in, meta_u64_in};
+    let refuse = |seq: u64, finding: String| -> Result<(), StoreError> {
+        Err(StoreError::Refused(format!("commit {seq}: {finding}")))
+    };
+    let next_ino = meta_u64_in(&tx.open_table(META).map_err(map_err)?, META_NEXT_INO)?.unwrap_or(0);
+    let inodes = tx.open_table(INODES).map_err(map_err)?;
+    let dirents = tx.open_table(DIRENTS).map_err(map_err)?;
+    let orphans = tx.open_table(ORPHANS).map_err(map_err)?;
+    let is_dir = |ino: u64| -> Result<bool, StoreError> {
+        Ok(get_inode_in(&inodes, ino)?.is_some_and(|i| i.kind == Kind::Dir))
+    };
+    let mut inos = touched.inodes.clone();
+    for ((parent, name), &seq) in &touched.dirents {
+        let (parent, name) = (*parent, name.as_str());
+        if let Some((was, _)) = before.lookup(parent, name)? {
+            inos.entry(was).or_insert(seq);
+        }
+        let Some((ino, kind)) = lookup_in(&dirents, parent, name)? else {
+            continue;
+        };
+        inos.entry(ino).or_insert(seq);
+        if let Some(finding) = names(parent, name) {
+            return refuse(seq, finding);
+        }
+        if !is_dir(parent)? {
+            return refuse(
+                seq,
+                format!("entry {name:?} lives in {parent}, which is not a directory"),
+            );
+        }
+        let Some(i) = get_inode_in(&inodes, ino)? else {
+            return refuse(
+                seq,
+                format!("entry {name:?} in {parent} points to missing inode {ino}"),
+            );
+        };
+        if i.kind != kind {
+            return refuse(
+                seq,
+                format!("entry {name:?} in {parent} has the wrong kind for inode {ino}"),
+            );
+        }
+        if i.parent != parent || i.name != name {
+            return refuse(
+                seq,
+                format!(
+                    "inode {ino} records parent {} name {:?}, but its entry is {name:?} in {parent}",
+                    i.parent, i.name
+                ),
+            );
+        }
+        if kind == Kind::Dir {
+            // Up from the entry's directory to the root: never through the directory itself.
+            let mut up = parent;
+            for _ in 0..MAX_WALK_UP {
+                if up == ino {
+                    break;
+                }
+                if up == ROOT_INO {
+                    up = 0;
+                    break;
+                }
+                up = get_inode_in(&inodes, up)?.map_or(ROOT_INO, |d| d.parent);
+            }
+            if up != 0 {
+                return refuse(seq, format!("directory {ino} is in a cycle"));
+            }
+        }
+    }
+    for (&ino, &seq) in &inos {
+        let orphan = orphans.get(ino).map_err(map_err)?.is_some();
+        let Some(i) = get_inode_in(&inodes, ino)? else {
+            if ino == ROOT_INO {
+                return refuse(
+                    seq,
+                    "the root directory (inode 1) is missing or not a directory".into(),
+                );
+            }
+            if orphan {
+                return refuse(seq, format!("orphan {ino} has no inode"));
+            }
+            let Some(old) = before.inode(ino)? else {
+                continue;
+            };
+            if lookup_in(&dirents, old.parent, &old.name)?.is_some_and(|(x, _)| x == ino) {
+                let (parent, name) = (old.parent, &old.name);
+                return refuse(
+                    seq,
+                    format!("entry {name:?} in {parent} points to missing inode {ino}"),
+                );
+            }
+            let lo = (ino, "");
+            if let Some(e) = dirents.range(lo..).map_err(map_err)?.next() {
+                let (k, _) = e.map_err(map_err)?;
+                let (parent, name) = k.value();
+                if parent == ino {
+                    return refuse(
+                        seq,
+                        format!("entry {name:?} lives in {ino}, which is not a directory"),
+                    );
+                }
+            }
+            continue;
+        };
+        if ino >= next_ino {
+            return refuse(
+                seq,
+                format!("inode {ino} is at or above the inode counter {next_ino}"),
+            );
+        }
+        if ino == ROOT_INO {
+            if i.kind != Kind::Dir {
+                return refuse(
+                    seq,
+                    "the root directory (inode 1) is missing or not a directory".into(),
+                );
+            }
+            continue;
+        }
+        let entry = lookup_in(&dirents, i.parent, &i.name)?.filter(|(x, _)| *x == ino);
+        match (entry, orphan) {
+            (None, false) => {
+                return refuse(seq, format!("inode {ino} is unreachable and not an orphan"));
+            }
+            (Some(_), true) => {
+                return refuse(seq, format!("inode {ino} is reachable but marked orphan"));
+            }
+            (Some((_, kind)), false) if kind != i.kind => {
+                let (parent, name) = (i.parent, &i.name);
+                return refuse(
+                    seq,
+                    format!("entry {name:?} in {parent} has the wrong kind for inode {ino}"),
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The oldest store format whose writer a follower follows: a store of format 4 to 8 holds
@@ -581,14 +797,15 @@ mod tests {
             decode_segment(1, &seg, seq, seq).unwrap()
         };
         let format = |s: &Store| s.read().unwrap().meta_u64(META_FORMAT).unwrap();
-        a.apply_shipped(&batch(at + 1, FORMAT_6), &[]).unwrap();
+        a.apply_shipped(&batch(at + 1, FORMAT_6), &[], &|_, _| None)
+            .unwrap();
         assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
         let r = a.read().unwrap();
         assert_eq!(r.commit_number().unwrap(), at + 1);
         assert_eq!(r.meta_bytes("theirs").unwrap(), Some(vec![6]));
         drop(r);
         let e = a
-            .apply_shipped(&batch(at + 2, OLDEST_FOLLOWED - 1), &[])
+            .apply_shipped(&batch(at + 2, OLDEST_FOLLOWED - 1), &[], &|_, _| None)
             .unwrap_err();
         assert!(
             e.to_string()
@@ -599,6 +816,99 @@ mod tests {
         assert_eq!(r.commit_number().unwrap(), at + 1);
         assert_eq!(r.meta_bytes("theirs").unwrap(), Some(vec![6]));
         assert_eq!(format(&a), Some(u64::from(FORMAT_VERSION)));
+    }
+
+    /// A follower's batches used to reach redb with only their byte layout checked: a
+    /// forged record putting the entry `(1, "x/y")` made the root directory list EIO. Every
+    /// entry and inode a batch touches is now checked as `check` checks a store: a name the
+    /// normaliser refuses, an entry naming an inode that records another place or does not
+    /// exist, an inode left unreachable; each refused with the commit and the rule, nothing
+    /// of the batch applied.
+    #[test]
+    fn a_batch_that_breaks_the_store_s_rules_is_refused_whole() {
+        use crate::store::{decode_segment, encode_segment};
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open_or_create(&dir.path().join("f.redb"), (0, 0)).unwrap();
+        let ino = {
+            let mut w = s.write().unwrap();
+            let root = w.inode(ROOT_INO).unwrap().unwrap();
+            let f = Inode {
+                ino: w.alloc_ino().unwrap(),
+                kind: Kind::File,
+                perm: 0o644,
+                nlink: 1,
+                size: 2,
+                parent: ROOT_INO,
+                name: "a.md".into(),
+                ..root
+            };
+            w.put_file(&f, b"hi").unwrap();
+            w.put_dirent(ROOT_INO, "a.md", f.ino, Kind::File).unwrap();
+            w.commit(Sync::Durable).unwrap();
+            f.ino
+        };
+        let at = s.read().unwrap().commit_number().unwrap();
+        let entry = |op: u8, table: &str, key: &[u8], value: Option<&[u8]>| {
+            let mut e = vec![op, table.len() as u8];
+            e.extend_from_slice(table.as_bytes());
+            e.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            e.extend_from_slice(key);
+            if let Some(v) = value {
+                e.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                e.extend_from_slice(v);
+            }
+            e
+        };
+        let dirent = |parent: u64, name: &str, to: u64| {
+            let key = <(u64, &str) as redb::Value>::as_bytes(&(parent, name));
+            let value = <(u64, u8) as redb::Value>::as_bytes(&(to, Kind::File.to_byte()));
+            entry(1, "dirents", key.as_ref(), Some(value.as_ref()))
+        };
+        let batch = |payload: Vec<u8>| {
+            let seg = encode_segment(1, [(at + 1, payload.as_slice())].into_iter());
+            decode_segment(1, &seg, at + 1, at + 1).unwrap()
+        };
+        let names: NameRule<'_> = &crate::check::entry_name_finding;
+        let refused = |payload: Vec<u8>, rule: &str| {
+            let e = s.apply_shipped(&batch(payload), &[], names).unwrap_err();
+            assert!(matches!(e, StoreError::Refused(_)), "{e}");
+            let said = e.to_string();
+            assert!(said.contains(&format!("commit {}", at + 1)), "{said}");
+            assert!(said.contains(rule), "{rule}: {said}");
+            let r = s.read().unwrap();
+            assert_eq!(r.commit_number().unwrap(), at);
+            assert_eq!(r.list(ROOT_INO).unwrap().len(), 1);
+            assert_eq!(crate::check::invariants(&r).unwrap(), Vec::<String>::new());
+        };
+        refused(dirent(ROOT_INO, "x/y", ino), "name contains '/'");
+        refused(dirent(ROOT_INO, "..", ino), "name is '.' or '..'");
+        refused(dirent(ROOT_INO, "", ino), "name is empty");
+        refused(dirent(ROOT_INO, "x\0y", ino), "");
+        refused(
+            dirent(ROOT_INO, "xy", ino),
+            &format!("inode {ino} records parent 1 name \"a.md\""),
+        );
+        refused(dirent(ROOT_INO, "xy", 999), "points to missing inode 999");
+        refused(dirent(ino, "xy", ino), "which is not a directory");
+        // The entry removed, its inode kept: unreachable.
+        let key = <(u64, &str) as redb::Value>::as_bytes(&(ROOT_INO, "a.md"));
+        refused(
+            entry(2, "dirents", key.as_ref(), None),
+            &format!("inode {ino} is unreachable and not an orphan"),
+        );
+        // The inode removed, its entry kept.
+        refused(
+            entry(2, "inodes", &ino.to_le_bytes(), None),
+            &format!("points to missing inode {ino}"),
+        );
+        // What passes is applied.
+        let gone = [
+            entry(2, "dirents", key.as_ref(), None),
+            entry(2, "inodes", &ino.to_le_bytes(), None),
+        ]
+        .concat();
+        s.apply_shipped(&batch(gone), &[], names).unwrap();
+        assert_eq!(s.read().unwrap().commit_number().unwrap(), at + 1);
     }
 
     /// A snapshot of format 8 (history's path and time indexes in tables of their own) leaves

@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use redb::Database;
 
 pub use copy::{CopyStats, TableDigest, TableSums};
-pub use follow::Changed;
+pub use follow::{Changed, NameRule};
 pub use history::LogCursor;
 pub use past::{Past, TreeView};
 pub use read::{DirEntry, ReadTxn};
