@@ -469,6 +469,44 @@ fn foreign_names_are_skipped_and_symlinks_not_followed() {
     );
 }
 
+/// Blocks written by the children this process has waited for so far (`ru_oublock`, 512
+/// bytes each: what they dirtied, page cache included).
+fn children_blocks_written() -> i64 {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut u) }, 0);
+    u.ru_oublock
+}
+
+/// A generation's snapshot replaced by a sparse 4 GiB object (anyone with the bucket can
+/// put one) is refused before a byte of it is read: its listed size is not the manifest's.
+/// It used to be downloaded whole into the restore's scratch file, filling the local disk,
+/// and only then compared.
+#[test]
+fn a_snapshot_of_another_size_than_its_manifest_says_is_never_downloaded() {
+    if !fuse_available() {
+        return;
+    }
+    let (_g, rep, url) = copy_of_base();
+    let (g, _) = segments(&rep);
+    let snap = g.join("snapshot.redb");
+    std::fs::remove_file(&snap).unwrap();
+    std::fs::File::create(&snap)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    let before = children_blocks_written();
+    let (out, store, _d) = restore(&url, &[]);
+    let written = (children_blocks_written() - before) * 512;
+    assert_eq!(out.status.code(), Some(1), "{}", err_of(&out));
+    assert!(
+        err_of(&out).contains("holds 4294967296 bytes, its manifest says"),
+        "{}",
+        err_of(&out)
+    );
+    assert!(written < 64 << 20, "the restore wrote {written} bytes");
+    no_leftovers(&store);
+}
+
 /// kill -9 in the middle of `restore --from`: the store it replaces is untouched (or wholly
 /// replaced: the last step is one rename), and the next run removes what the killed one
 /// left.

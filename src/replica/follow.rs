@@ -563,17 +563,10 @@ impl Poller {
             let mut f = crate::private::create_new(&self.scratch)
                 .map_err(|e| crate::private::describe(&self.scratch, e))?;
             let at = self.target.gen_path(&m.generation, "snapshot.redb");
-            let size = self.target.get_to_file(&at, &mut f).await;
-            let size = size.inspect_err(|_| {
+            let got = self.target.get_to_file(&at, &mut f, m.snapshot_bytes).await;
+            got.inspect_err(|_| {
                 let _ = std::fs::remove_file(&self.scratch);
             })?;
-            if size != m.snapshot_bytes {
-                let _ = std::fs::remove_file(&self.scratch);
-                return Err(Stalled::Failing(format!(
-                    "{}/snapshot.redb holds {size} bytes, its manifest says {}",
-                    m.generation, m.snapshot_bytes
-                )));
-            }
         }
         let what = format!(
             "generation {}'s snapshot (commit {})",

@@ -588,20 +588,33 @@ impl Target {
         Ok(Some(out))
     }
 
-    /// Streams object `path` into `file` in ranges, each under the timeout; its size.
-    async fn get_to_file(&self, path: &ObjPath, file: &mut std::fs::File) -> Result<u64, String> {
+    /// Streams object `path`, listed at `expected` bytes (what its manifest says), into `file`
+    /// in ranges, each under the timeout. An object of any other size is refused before a
+    /// byte of it is read: what anyone may put in the bucket never decides how much is
+    /// written to the local disk.
+    async fn get_to_file(
+        &self,
+        path: &ObjPath,
+        file: &mut std::fs::File,
+        expected: u64,
+    ) -> Result<(), String> {
         use std::io::Write;
         let size = self
             .size_of(path)
             .await?
             .ok_or_else(|| format!("{path}: missing"))?;
+        if size != expected {
+            return Err(format!(
+                "{path} holds {size} bytes, its manifest says {expected}"
+            ));
+        }
         let mut at = 0;
         while at < size {
             let chunk = self.read_range(path, at..size.min(at + READ_CHUNK)).await?;
             file.write_all(&chunk).map_err(|e| e.to_string())?;
             at += chunk.len() as u64;
         }
-        Ok(size)
+        Ok(())
     }
 
     /// What lies directly under `dir`: (subdirectory names, (object name, size)); names that

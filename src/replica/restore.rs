@@ -541,13 +541,9 @@ pub(super) async fn rebuild(
     {
         let mut f = crate::private::create_new(scratch)
             .map_err(|e| crate::private::describe(scratch, e))?;
-        let size = target.get_to_file(&snapshot, &mut f).await?;
-        if size != m.snapshot_bytes {
-            return Err(format!(
-                "{}/snapshot.redb holds {size} bytes, its manifest says {}",
-                m.generation, m.snapshot_bytes
-            ));
-        }
+        target
+            .get_to_file(&snapshot, &mut f, m.snapshot_bytes)
+            .await?;
         f.sync_all()
             .map_err(|e| format!("{}: {e}", scratch.display()))?;
     }
