@@ -449,19 +449,116 @@ fn reply(answer: Result<Value, String>) -> Value {
     }
 }
 
+/// The lock file of the store at `store` (`<store>.lock`), held while a daemon looks at and
+/// binds the control socket.
+pub fn lock_path(store: &Path) -> PathBuf {
+    let mut s = store.as_os_str().to_owned();
+    s.push(".lock");
+    PathBuf::from(s)
+}
+
+/// How long a daemon tries for the store's lock before it gives up, naming it.
+pub const LOCK_WITHIN: Duration = Duration::from_secs(5);
+
+/// `<store>.lock`, held (flock) until dropped, which removes it first. It is this user's own
+/// file, mode 0600, opened without following a symlink: another user can neither open nor lock
+/// it (a lock on the store's directory, which anyone who may read it can take and keep, made
+/// every mount there wait forever). A name whose file is removed by its holder between the
+/// open and the lock is opened again, so two daemons never hold two different files.
+struct StoreLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl StoreLock {
+    fn take(store: &Path) -> std::io::Result<StoreLock> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let path = lock_path(store);
+        let deadline = std::time::Instant::now() + LOCK_WITHIN;
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+                .map_err(|e| std::io::Error::new(e.kind(), crate::private::describe(&path, e)))?;
+            let held = file.metadata()?;
+            let me = nix::unistd::geteuid().as_raw();
+            if held.uid() != me {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} belongs to uid {}, not to this user (uid {me}); remove it",
+                        path.display(),
+                        held.uid()
+                    ),
+                ));
+            }
+            // SAFETY: flock takes the descriptor of `file`, which this lock owns; closing it
+            // releases the lock.
+            let r = unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    return Err(e);
+                }
+                if std::time::Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        format!(
+                            "{}: another process holds a lock on it (waited {} s): another \
+                             redbfs daemon of this store is starting, or stuck",
+                            path.display(),
+                            LOCK_WITHIN.as_secs()
+                        ),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            let still_there = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| (m.dev(), m.ino()) == (held.dev(), held.ino()));
+            if still_there {
+                return Ok(StoreLock { path, _file: file });
+            }
+        }
+    }
+}
+
+impl Drop for StoreLock {
+    fn drop(&mut self) {
+        // Removed while still locked: the next daemon makes its own file.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the peer of `conn` may be talked to: this process's user, or root, or `also`.
+/// Returns the peer's uid when it may not.
+fn peer_refused(conn: &UnixStream, also: Option<u32>) -> Option<u32> {
+    let uid = match nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials) {
+        Ok(c) => c.uid(),
+        Err(_) => return Some(u32::MAX),
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    (uid != me && uid != 0 && Some(uid) != also).then_some(uid)
+}
+
 /// Binds the socket and serves it on a background thread. A socket that answers belongs to a
 /// live daemon of the same store and is never replaced (`AddrInUse`): read-only mounts share
 /// the store file, so its lock alone does not keep a second daemon out. One that does not
-/// answer is stale and replaced. The look and the bind happen under an exclusive lock on the
-/// store's directory, so two daemons starting at once cannot both find the name free.
+/// answer is stale and replaced. The look and the bind happen under the store's lock file
+/// (`StoreLock`), so two daemons starting at once cannot both find the name free. Only this
+/// user and root are served (the socket is 0600 besides).
 pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
     let path = socket_path(&daemon.store);
-    let dir = std::fs::File::open(crate::private::parent_dir(&daemon.store))?;
-    // SAFETY: flock takes the descriptor of `dir`, open until the end of this function, which
-    // releases the lock by closing it.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&dir), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let _lock = StoreLock::take(&daemon.store)?;
     if std::os::unix::net::UnixStream::connect(&path).is_ok() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::AddrInUse,
@@ -488,6 +585,10 @@ pub fn listen(daemon: Arc<Daemon>) -> std::io::Result<PathBuf> {
             let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
+                if let Some(uid) = peer_refused(&conn, None) {
+                    crate::warn_limited!("control: a connection from uid {uid} refused");
+                    continue;
+                }
                 if live.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
                     live.fetch_sub(1, Ordering::AcqRel);
                     crate::warn_limited!("control: {MAX_CONNECTIONS} connections already open; one refused");
@@ -520,8 +621,29 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects to the daemon of `store`, if the peer on its socket is one this user may
+    /// believe: this user, root, or (run as root) the store file's owner. Another user who
+    /// could bind a socket at that path (a directory of theirs on the way) is refused.
     pub fn connect(store: &Path) -> std::io::Result<Client> {
-        let s = UnixStream::connect(socket_path(store))?;
+        let path = socket_path(store);
+        let s = UnixStream::connect(&path)?;
+        let owner = if nix::unistd::geteuid().is_root() {
+            std::fs::metadata(store)
+                .ok()
+                .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        } else {
+            None
+        };
+        if let Some(uid) = peer_refused(&s, owner) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "the control socket {} is served by uid {uid}, not by this user, root or \
+                     the store's owner: not talking to it",
+                    path.display()
+                ),
+            ));
+        }
         s.set_read_timeout(Some(Duration::from_secs(120)))?;
         Ok(Client {
             reader: BufReader::new(s.try_clone()?),

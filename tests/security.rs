@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{fuse_available, redbfs, redbfs_bin};
+use common::{fuse_available, redbfs, redbfs_bin, run_within};
 use redbfs::store::Store;
 use redbfs::tools;
 
@@ -384,22 +384,9 @@ fn export_tar_never_follows_or_replaces_without_force() {
 
 /// Runs `redbfs ARGS...`, failing the test if it has not finished within `limit`.
 fn redbfs_within(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(redbfs_bin())
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("redbfs {args:?} still running after {limit:?} (waiting on a FIFO?)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let mut cmd = Command::new(redbfs_bin());
+    cmd.args(args);
+    run_within(cmd, limit)
 }
 
 #[test]
@@ -486,4 +473,134 @@ fn import_never_reads_through_an_entry_swapped_for_a_symlink() {
     stop.store(true, Ordering::Relaxed);
     swapper.join().unwrap();
     assert!(imported > 0, "the file itself was never imported");
+}
+
+/// A tmpfs mounted at `path` with a process working inside it (so it is busy: a plain umount
+/// fails, a lazy one would detach it); both undone on drop.
+struct BusyTmpfs {
+    path: PathBuf,
+    inside: std::process::Child,
+}
+
+impl BusyTmpfs {
+    fn at(path: &Path) -> BusyTmpfs {
+        std::fs::create_dir(path).unwrap();
+        nix::mount::mount(
+            Some("redbfs-test"),
+            path,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+        let inside = Command::new("sleep")
+            .arg("1000")
+            .current_dir(path)
+            .spawn()
+            .unwrap();
+        BusyTmpfs {
+            path: path.to_path_buf(),
+            inside,
+        }
+    }
+
+    fn mounted(&self) -> bool {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        table.lines().any(|l| {
+            l.split(' ').nth(4) == Some(s(&self.path)) && l.contains(" - tmpfs redbfs-test ")
+        })
+    }
+}
+
+impl Drop for BusyTmpfs {
+    fn drop(&mut self) {
+        let _ = self.inside.kill();
+        let _ = self.inside.wait();
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn is_mountpoint(p: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table.lines().any(|l| l.split(' ').nth(4) == Some(s(p)))
+}
+
+/// A root daemon unmounted whatever its mountpoint's path led to at unmount time: a user who
+/// owns a directory on that path moved it away and put a symlink to a busy tmpfs of root's
+/// where the mountpoint was; `unmount` of the real mount then had the daemon umount(2) the
+/// path (following the symlink), get EBUSY and lazily detach root's tmpfs, while the redbfs
+/// mount stayed and the command hung. The daemon now unmounts only its own mount, known by
+/// its device number: found where the mount table has it now, and the tmpfs is untouched.
+#[test]
+fn a_daemon_unmounts_only_its_own_mount_whatever_its_path_leads_to_now() {
+    if !fuse_available() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tmpfs = BusyTmpfs::at(&dir.path().join("x"));
+    let boxed = dir.path().join("box");
+    std::fs::create_dir(&boxed).unwrap();
+    let mnt = boxed.join("mnt");
+    let store = dir.path().join("s.redb");
+    ok(redbfs(&["mount", s(&mnt), "--store", s(&store)]));
+    let moved = dir.path().join("box.old");
+    let _mounted = Mounted(moved.join("mnt"));
+    std::fs::rename(&boxed, &moved).unwrap();
+    std::fs::create_dir(&boxed).unwrap();
+    std::os::unix::fs::symlink(&tmpfs.path, &mnt).unwrap();
+
+    let out = redbfs_within(
+        &["unmount", s(&moved.join("mnt"))],
+        Duration::from_secs(120),
+    );
+    assert!(tmpfs.mounted(), "root's busy tmpfs was detached");
+    ok(out);
+    assert!(
+        !is_mountpoint(&moved.join("mnt")),
+        "the redbfs mount stayed"
+    );
+    let log = std::fs::read_to_string(dir.path().join("s.redb.log")).unwrap();
+    assert!(
+        log.contains("no longer leads to this mount") && log.contains(s(&moved.join("mnt"))),
+        "the daemon's log does not say where it unmounted: {log}"
+    );
+}
+
+/// The look at the control socket and its bind are serialised by a lock a daemon takes; it
+/// was a blocking lock on the store's directory, which anyone who can read that directory
+/// could hold forever. It is now `STORE.lock`, the owner's own file (0600, not followed
+/// through a symlink), tried for a bounded time: a holder makes the mount fail, naming it.
+#[test]
+fn a_held_store_lock_refuses_the_mount_naming_it() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    let lock = dir.path().join("mnt.redb.lock");
+    let mut holder = Command::new("flock")
+        .arg(&lock)
+        .args(["sh", "-c", "echo held; exec sleep 1000"])
+        .stdout(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert_eq!(said.trim(), "held");
+    let out = redbfs_within(&["mount", s(&mnt)], Duration::from_secs(120));
+    // flock and the sleep that inherited its lock, by their group.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = holder.wait();
+    let _mounted = Mounted(mnt.clone());
+    let err = refused(out, "another process holds a lock on it");
+    assert!(err.contains(s(&lock)), "{err}");
+    assert!(!is_mountpoint(&mnt), "mounted although refused");
 }

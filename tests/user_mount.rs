@@ -356,3 +356,229 @@ fn what_a_user_imports_is_theirs_without_setuid_bits() {
     assert_eq!(tool["gid"], ids.1, "{tool}");
     assert_eq!(tool["mode"], 0o755, "{tool}");
 }
+
+/// Spawns `program args` as the test user in `dir`, in a process group of its own, and waits
+/// for its first line on stdout (it says it is ready). Killed, with its group, on drop.
+struct UserProcess(std::process::Child);
+
+impl UserProcess {
+    fn start(ids: (u32, u32), dir: &Path, program: &str, args: &[&str]) -> UserProcess {
+        let mut child = Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .uid(ids.0)
+            .gid(ids.1)
+            .process_group(0)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start a process as the test user");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ready", "{program} {args:?}");
+        UserProcess(child)
+    }
+}
+
+impl Drop for UserProcess {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+fn root_runs(args: &[&str]) -> Output {
+    let mut cmd = Command::new(redbfs_bin());
+    cmd.args(args);
+    common::run_within(cmd, std::time::Duration::from_secs(120))
+}
+
+fn ps(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Any mount of type fuse.redbfs was believed, whoever made it, and the store it names was
+/// found by resolving its path: a user mounted her own store `d/mnt.redb`, then replaced `d`
+/// by a symlink to root's directory, and root's `ls` of root's own (unmounted) store there
+/// went to "her daemon" and failed (`snapshot`, `restore` likewise). A mount made by another
+/// user (its `user_id=`) is now never taken for a store of root's.
+#[test]
+fn another_users_mount_never_passes_for_a_store_of_roots() {
+    if !fuse_available() {
+        return;
+    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a user: run it as root (CI does)"
+    );
+    let ids = user_ids();
+    let home = user_home(ids);
+    let dir = home.path();
+    let _grant = DeviceGrant::give();
+    let bin = redbfs_bin();
+    ok("mkdir", as_user(ids, dir, Path::new("/bin/mkdir"), &["d"]));
+    ok("redbfs mount", as_user(ids, dir, &bin, &["mount", "d/mnt"]));
+    let _unmounted = (
+        Unmounted(dir.join("d.real/mnt")),
+        Unmounted(dir.join("d/mnt")),
+    );
+
+    let victim = tempfile::tempdir().unwrap();
+    let src = victim.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("mine.md"), "root's").unwrap();
+    let store = victim.path().join("mnt.redb");
+    common::ok(root_runs(&["import", ps(&src), ps(&store)]));
+    ok(
+        "mv",
+        as_user(ids, dir, Path::new("/bin/mv"), &["d", "d.real"]),
+    );
+    ok(
+        "ln -s",
+        as_user(
+            ids,
+            dir,
+            Path::new("/bin/ln"),
+            &["-s", ps(victim.path()), "d"],
+        ),
+    );
+
+    let listed = common::ok(root_runs(&["ls", ps(&store), "/"]));
+    assert!(listed.contains("mine.md"), "{listed}");
+    let snap = victim.path().join("snap.redb");
+    common::ok(root_runs(&["snapshot", ps(&store), ps(&snap)]));
+    // Her store back where her daemon has it, she unmounts.
+    ok("rm", as_user(ids, dir, Path::new("/bin/rm"), &["d"]));
+    ok(
+        "mv",
+        as_user(ids, dir, Path::new("/bin/mv"), &["d.real", "d"]),
+    );
+    ok(
+        "redbfs unmount",
+        as_user(ids, dir, &bin, &["unmount", "d/mnt"]),
+    );
+}
+
+/// Nothing checked who answered on a control socket: with a server of another user's at the
+/// socket path of root's mounted store, root's `cat` sent it the request and printed what it
+/// said (`snapshot` wrote its bytes, `check` printed its verdict, `import` sent it root's
+/// path). The peer's uid (SO_PEERCRED) must be root's, or the store owner's: anyone else is
+/// refused before a byte is sent, with a message naming the uid.
+#[test]
+fn a_control_socket_served_by_another_user_is_never_talked_to() {
+    if !fuse_available() {
+        return;
+    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a user: run it as root (CI does)"
+    );
+    let ids = user_ids();
+    let home = user_home(ids);
+    // A directory anyone may create in (sticky, as /tmp): where the user's server can bind.
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let mnt = shared.path().join("mnt");
+    let store = shared.path().join("mnt.redb");
+    common::ok(root_runs(&["mount", ps(&mnt)]));
+    let _unmounted = Unmounted(mnt.clone());
+    std::fs::write(mnt.join("f.md"), "root's text").unwrap();
+    let status: serde_json::Value =
+        serde_json::from_str(&common::ok(root_runs(&["status", ps(&mnt), "--json"]))).unwrap();
+    let daemon = nix::unistd::Pid::from_raw(status["pid"].as_i64().unwrap() as i32);
+
+    // The daemon's socket gone, another user's server answers at its path.
+    let socket = shared.path().join("mnt.redb.sock");
+    std::fs::remove_file(&socket).unwrap();
+    let heard = home.path().join("heard");
+    const SERVER: &str = r#"
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    f = c.makefile("rwb")
+    line = f.readline()
+    with open(sys.argv[2], "ab") as h:
+        h.write(line)
+    f.write(b'{"ok":true,"content":"attacker text","pid":1}\n')
+    f.flush()
+    c.close()
+"#;
+    let _server = UserProcess::start(
+        ids,
+        home.path(),
+        "/usr/bin/python3",
+        &["-c", SERVER, ps(&socket), ps(&heard)],
+    );
+
+    let out = root_runs(&["cat", ps(&store), "/f.md"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "cat talked to the user's server: {err}"
+    );
+    assert!(
+        err.contains(&format!("served by uid {}", ids.0)),
+        "the refusal does not name the uid: {err}"
+    );
+    let out = root_runs(&["unmount", ps(&mnt)]);
+    assert!(!out.status.success());
+    assert!(
+        std::fs::read(&heard).unwrap_or_default().is_empty(),
+        "requests reached the user's server: {}",
+        String::from_utf8_lossy(&std::fs::read(&heard).unwrap_or_default())
+    );
+
+    // The real daemon unmounts on SIGTERM.
+    nix::sys::signal::kill(daemon, nix::sys::signal::Signal::SIGTERM).unwrap();
+    for _ in 0..2000 {
+        if !Path::new(&format!("/proc/{daemon}")).exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    assert!(!mounts.contains(ps(&mnt)), "still mounted");
+}
+
+/// A daemon took a blocking lock on the store's directory, which any user who may read the
+/// directory can hold (`flock DIR sleep ...`): `redbfs mount` then hung for as long as the
+/// other user wanted. The lock is now the store owner's own file, which others cannot open.
+#[test]
+fn a_lock_another_user_holds_on_the_store_directory_does_not_hold_up_a_mount() {
+    if !fuse_available() {
+        return;
+    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test makes a user: run it as root (CI does)"
+    );
+    let ids = user_ids();
+    let home = user_home(ids);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _holder = UserProcess::start(
+        ids,
+        home.path(),
+        "/usr/bin/flock",
+        &[ps(dir.path()), "sh", "-c", "echo ready; exec sleep 1000"],
+    );
+    let mnt = dir.path().join("mnt");
+    let mut cmd = Command::new(redbfs_bin());
+    cmd.args(["mount", ps(&mnt)]);
+    let _unmounted = Unmounted(mnt.clone());
+    common::ok(common::run_within(cmd, std::time::Duration::from_secs(30)));
+    common::ok(root_runs(&["unmount", ps(&mnt)]));
+}

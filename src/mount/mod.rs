@@ -13,10 +13,9 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
-
-use nix::mount::MntFlags;
 
 mod created;
 mod device;
@@ -25,8 +24,10 @@ mod table;
 
 pub use created::Created;
 use device::{Access, check_allow_other, fusermount_mount, kernel_mount, open_fuse_device};
-pub use table::{MountEntry, kernel_unmount, mountpoint_of_store, mounts, redbfs_mount_at};
-use table::{clear_stale, is_stale};
+pub use table::{
+    Dev, MountEntry, OwnMount, kernel_unmount, mountpoint_of_store, mounts, redbfs_mount_at,
+};
+use table::{clear_stale, detach_own, find_own, is_stale, mount_ids};
 
 use crate::control::{self, Daemon};
 use crate::fs::{Fs, Limits};
@@ -267,8 +268,25 @@ fn spawn_daemon(req: &MountRequest) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("cannot start the daemon: {e}"))?;
     drop(wr);
-    let mut msg = String::new();
-    let _ = File::from(rd).read_to_string(&mut msg);
+    let msg = match read_within(File::from(rd), READY_WITHIN) {
+        Some(msg) => msg,
+        None => {
+            // The pipe is closed now: a daemon that has not mounted sees it and does not; one
+            // that mounts meanwhile finds no one to tell and unmounts; the signal says the same
+            // to one that is busy.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            reap_soon(child);
+            return Err(format!(
+                "the daemon did not mount {} within {} s; it was told to stop (its log says \
+                 where it was)",
+                mp.display(),
+                READY_WITHIN.as_secs()
+            ));
+        }
+    };
     let msg = msg.trim();
     if msg != "ready" {
         let status = child.wait();
@@ -293,6 +311,52 @@ fn spawn_daemon(req: &MountRequest) -> Result<(), String> {
     ))
 }
 
+/// How long `redbfs mount` waits for its daemon to mount. Opening a store that needs recovery,
+/// or restoring a follower's replica, can take minutes; a daemon stuck past this (on a lock,
+/// a replica that never answers) makes the command fail instead of hang, and never mounts.
+const READY_WITHIN: Duration = Duration::from_secs(300);
+
+/// Reads `pipe` to its end (the daemon's one message, or nothing if it died), or None when
+/// `within` passed first (the pipe is closed on return either way).
+fn read_within(mut pipe: File, within: Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + within;
+    let mut bytes = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let mut p = libc::pollfd {
+            fd: pipe.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+        // SAFETY: one pollfd, valid for the call.
+        if unsafe { libc::poll(&mut p, 1, ms) } <= 0 {
+            continue;
+        }
+        let mut buf = [0u8; 4096];
+        match pipe.read(&mut buf) {
+            Ok(0) => return Some(String::from_utf8_lossy(&bytes).into_owned()),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Some(String::from_utf8_lossy(&bytes).into_owned()),
+        }
+    }
+}
+
+/// Waits a little for a daemon told to stop, so it leaves no zombie; one that takes longer is
+/// left to init.
+fn reap_soon(mut child: std::process::Child) {
+    for _ in 0..200 {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
 /// The descriptor on which the daemon reports `ready` or why it could not mount (-1 once used):
 /// one message per attempt.
 static NOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
@@ -300,14 +364,28 @@ static NOTIFY_FD: AtomicI32 = AtomicI32::new(-1);
 /// The message of a panic in the daemon before it mounted, for the `redbfs mount` that waits.
 static PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
 
-fn notify(msg: &str) {
+/// Whether the `redbfs mount` waiting on the notify pipe took a message.
+#[derive(PartialEq, Eq)]
+enum Heard {
+    Yes,
+    /// It closed its end: it gave up waiting, and told its user the mount failed.
+    GaveUp,
+    /// No one waits (`--foreground`), or the message went already.
+    NoOne,
+}
+
+fn notify(msg: &str) -> Heard {
     let fd = NOTIFY_FD.swap(-1, Ordering::AcqRel);
-    if fd >= 0 {
-        // SAFETY: the fd was handed to us by the parent for exactly this message, and the swap
-        // above makes this the only owner.
-        let mut f = unsafe { File::from_raw_fd(fd) };
-        // One line: the parent prints it as it is.
-        let _ = writeln!(f, "{}", msg.replace('\n', " "));
+    if fd < 0 {
+        return Heard::NoOne;
+    }
+    // SAFETY: the fd was handed to us by the parent for exactly this message, and the swap
+    // above makes this the only owner.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    // One line: the parent prints it as it is. Rust ignores SIGPIPE: a closed pipe is EPIPE.
+    match writeln!(f, "{}", msg.replace('\n', " ")) {
+        Ok(()) => Heard::Yes,
+        Err(_) => Heard::GaveUp,
     }
 }
 
@@ -318,7 +396,7 @@ pub fn startup_failed(notify_fd: Option<i32>, msg: &str, created: &mut Created) 
         let _ = NOTIFY_FD.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire);
     }
     created.remove_all();
-    notify(msg);
+    let _ = notify(msg);
 }
 
 fn run_daemon(mut req: MountRequest) -> Result<(), String> {
@@ -380,7 +458,11 @@ fn run_daemon_inner(
     // A snapshot's check holds the whole copy's tree: not in the daemon's memory, but for
     // a small copy's.
     crate::tools::check_copies_apart();
-    let (daemon, socket) = serve_control(&fs, &mp, &store_path, created)?;
+    // This daemon's mount once made (the only one it ever unmounts), and whether it was told
+    // to stop (a signal, or the `redbfs mount` that started it gave up) before that.
+    let own: Arc<OnceLock<OwnMount>> = Arc::new(OnceLock::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (daemon, socket) = serve_control(&fs, &mp, &store_path, &own, created)?;
     // From here the control thread holds the filesystem: a failure gives it back, so the store
     // closes (and its write-ahead log goes) before what this attempt created is removed.
     let give_back = |e: String| {
@@ -388,7 +470,7 @@ fn run_daemon_inner(
         drop(daemon.take_fs());
         e
     };
-    unmount_on_signal(sigs, mp.clone()).map_err(|e| give_back(e.to_string()))?;
+    unmount_on_signal(sigs, own.clone(), stop.clone()).map_err(|e| give_back(e.to_string()))?;
 
     let source = format!("redbfs:{}", store_path.display());
     // A follower's mount is read-only in the kernel too: only its follower changes the store.
@@ -397,12 +479,37 @@ fn run_daemon_inner(
         read_only: req.read_only || req.follow.is_some(),
         noexec: req.noexec,
     };
-    let mounted = match kernel_mount(&mp, &source, access, fuse_device) {
-        Ok(Some(fd)) => Ok(fd),
-        Ok(None) => fusermount_mount(&mp, &source, access),
-        Err(e) => Err(e),
+    let before = mount_ids();
+    let mounted = match stopped(&stop) {
+        Some(why) => Err(why),
+        None => match kernel_mount(&mp, &source, access, fuse_device) {
+            Ok(Some(fd)) => Ok(fd),
+            Ok(None) => fusermount_mount(&mp, &source, access),
+            Err(e) => Err(e),
+        },
     };
-    let fd = match mounted {
+    let fd = mounted.and_then(|fd| {
+        // The mount as the kernel knows it, by its device: a path can be made to lead
+        // elsewhere by whoever owns a directory on it.
+        let Some(mine) = find_own(&mp, &source, &before) else {
+            // Closing the device ends the connection: a stale mount, cleared by the next
+            // mount or unmount.
+            drop(fd);
+            return Err(format!(
+                "{} was mounted, but not found in the mount table; its connection was ended",
+                mp.display()
+            ));
+        };
+        let _ = own.set(mine.clone());
+        // A stop asked while it was being mounted: the signal thread found nothing to
+        // unmount yet, so this one does.
+        if let Some(why) = stopped(&stop) {
+            let _ = detach_own(&mine);
+            return Err(why);
+        }
+        Ok(fd)
+    });
+    let fd = match fd {
         Ok(fd) => fd,
         Err(e) => {
             let e = give_back(e);
@@ -410,11 +517,14 @@ fn run_daemon_inner(
             return Err(e);
         }
     };
-    let on_ready = announce_ready(mp.clone(), store_path, ready.clone());
+    let on_ready = announce_ready(mp.clone(), store_path, ready.clone(), own.clone());
     let served = serve_session(req, &fs, &daemon, roles, fd, on_ready);
-    if served.is_err() && !ready.load(Ordering::Acquire) && redbfs_mount_at(&mp).is_some() {
+    if served.is_err()
+        && !ready.load(Ordering::Acquire)
+        && let Some(mine) = own.get()
+    {
         // Mounted, but the session never started: nothing can have used the mount.
-        let _ = nix::mount::umount2(&mp, MntFlags::MNT_DETACH);
+        let _ = detach_own(mine);
     }
     if ready.load(Ordering::Acquire) {
         crate::notify::stopping("unmounted; closing the store");
@@ -432,14 +542,18 @@ fn serve_control(
     fs: &Arc<Fs>,
     mp: &Path,
     store_path: &Path,
+    own: &Arc<OnceLock<OwnMount>>,
     created: &mut Created,
 ) -> Result<(Arc<Daemon>, PathBuf), String> {
-    let unmount_mp = mp.to_path_buf();
+    let own = own.clone();
     let daemon = Arc::new(Daemon::new(
         fs.clone(),
         mp.to_path_buf(),
         store_path.to_path_buf(),
-        Box::new(move || kernel_unmount(&unmount_mp)),
+        Box::new(move || match own.get() {
+            Some(mine) => kernel_unmount(mine),
+            None => Err("not mounted yet".into()),
+        }),
     ));
     let socket = control::listen(daemon.clone()).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => match mountpoint_of_store(store_path) {
@@ -463,11 +577,28 @@ fn announce_ready(
     mp: PathBuf,
     store_path: PathBuf,
     ready: Arc<AtomicBool>,
+    own: Arc<OnceLock<OwnMount>>,
 ) -> impl FnOnce() + Send + 'static {
     move || {
         tracing::info!(mountpoint = %mp.display(), store = %store_path.display(), "mounted");
         ready.store(true, Ordering::Release);
-        notify("ready");
+        if notify("ready") == Heard::GaveUp {
+            // The command failed, so the mount must not outlive it. From another thread: this
+            // one serves the session the unmount needs.
+            tracing::error!(
+                "the `redbfs mount` that started this daemon gave up waiting; unmounting"
+            );
+            let _ = std::thread::Builder::new()
+                .name("unmount".into())
+                .spawn(move || {
+                    if let Some(mine) = own.get()
+                        && let Err(e) = kernel_unmount(mine)
+                    {
+                        tracing::error!("unmount failed: {e}");
+                    }
+                });
+            return;
+        }
         crate::notify::ready_once_answering(mp);
     }
 }
@@ -596,19 +727,51 @@ fn block_signals() -> Result<nix::sys::signal::SigSet, String> {
     Ok(sigs)
 }
 
-/// A thread that unmounts `mp` when one of `sigs` arrives.
-fn unmount_on_signal(sigs: nix::sys::signal::SigSet, mp: PathBuf) -> std::io::Result<()> {
+/// A thread that unmounts this daemon's mount when one of `sigs` arrives, or, before it is
+/// mounted, sets `stop` so that it never is.
+fn unmount_on_signal(
+    sigs: nix::sys::signal::SigSet,
+    own: Arc<OnceLock<OwnMount>>,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             if let Ok(sig) = sigs.wait() {
+                stop.store(true, Ordering::SeqCst);
+                let Some(mine) = own.get() else {
+                    tracing::info!(?sig, "stopping on signal before mounting");
+                    return;
+                };
                 tracing::info!(?sig, "unmounting on signal");
-                if let Err(e) = kernel_unmount(&mp) {
+                if let Err(e) = kernel_unmount(mine) {
                     tracing::error!("unmount on signal failed: {e}");
                 }
             }
         })
         .map(drop)
+}
+
+/// Why the daemon must not mount (or stay mounted) now: a signal asked it to stop, or the
+/// `redbfs mount` waiting for it gave up (it closed its end of the notify pipe).
+fn stopped(stop: &AtomicBool) -> Option<String> {
+    if stop.load(Ordering::SeqCst) {
+        return Some("stopped by a signal before mounting".into());
+    }
+    let fd = NOTIFY_FD.load(Ordering::Acquire);
+    if fd < 0 {
+        return None;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one pollfd, valid for the call; a zero timeout only looks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    (n > 0 && p.revents & libc::POLLERR != 0).then(|| {
+        "the `redbfs mount` that started this daemon gave up waiting for it; not mounting".into()
+    })
 }
 
 /// Drops the last reference to the filesystem so redb closes the file cleanly; otherwise the
@@ -770,6 +933,10 @@ fn no_answer(mp: &Path, store: &Path, e: std::io::Error) -> Result<String, Strin
         ));
     }
     let socket = control::socket_path(store);
+    if e.kind() == std::io::ErrorKind::PermissionDenied && e.get_ref().is_some() {
+        // The client's own refusal: another user answers on the socket.
+        return Err(format!("{}: {e}. The mount is left as it is", mp.display()));
+    }
     if e.kind() == std::io::ErrorKind::PermissionDenied {
         let owner = std::fs::metadata(&socket)
             .map(|m| format!("uid {}", m.uid()))

@@ -40,6 +40,29 @@ pub fn redbfs(args: &[&str]) -> Output {
         .expect("run redbfs")
 }
 
+/// Runs `cmd` with its output captured, failing the test if it has not finished within
+/// `limit` (a hang is a failure, not a hung suite).
+pub fn run_within(mut cmd: Command, limit: std::time::Duration) -> Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} still running after {limit:?}; stderr so far: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// The standard output of a command that must succeed (the test fails with its exit status
 /// and both outputs otherwise).
 pub fn ok(out: Output) -> String {
