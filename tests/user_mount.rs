@@ -38,11 +38,23 @@ impl Drop for Unmounted {
     }
 }
 
-/// Takes the test user's grant on `/dev/fuse` back when dropped.
-struct DeviceGrant;
+/// Held by each test that looks at or changes the test user's access to `/dev/fuse`: the
+/// tests of this file run on threads at once, and one taking its grant back took it from
+/// another that was mounting.
+static DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn device_to_ourselves() -> std::sync::MutexGuard<'static, ()> {
+    DEVICE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the test user's grant on `/dev/fuse` back when dropped, then lets the next test at
+/// the device.
+struct DeviceGrant {
+    _device: std::sync::MutexGuard<'static, ()>,
+}
 
 impl DeviceGrant {
-    fn give() -> DeviceGrant {
+    fn give(device: std::sync::MutexGuard<'static, ()>) -> DeviceGrant {
         let out = Command::new("setfacl")
             .args(["-m", &format!("u:{USER}:rw"), "/dev/fuse"])
             .output()
@@ -52,7 +64,7 @@ impl DeviceGrant {
             "setfacl: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        DeviceGrant
+        DeviceGrant { _device: device }
     }
 }
 
@@ -187,6 +199,7 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
     let mnt = dir.join("memory-store");
     let _unmounted = Unmounted(mnt.clone());
     // Without access to the device, the refusal names the cause and leaves nothing behind.
+    let device = device_to_ourselves();
     let mode = std::fs::metadata("/dev/fuse").unwrap().mode() & 0o7777;
     let can_open = || {
         let probe = as_user(ids, dir, Path::new("/usr/bin/test"), &["-w", "/dev/fuse"]);
@@ -202,7 +215,7 @@ fn a_user_mounts_through_fusermount3_and_runs_both_sdks() {
         );
         assert!(!mnt.exists(), "the refused mount left its mountpoint");
     }
-    let _grant = DeviceGrant::give();
+    let _grant = DeviceGrant::give(device);
     assert!(can_open(), "the ACL did not grant {USER} the device");
     ok(
         "redbfs mount",
@@ -423,7 +436,7 @@ fn another_users_mount_never_passes_for_a_store_of_roots() {
     let ids = user_ids();
     let home = user_home(ids);
     let dir = home.path();
-    let _grant = DeviceGrant::give();
+    let _grant = DeviceGrant::give(device_to_ourselves());
     let bin = redbfs_bin();
     ok("mkdir", as_user(ids, dir, Path::new("/bin/mkdir"), &["d"]));
     ok("redbfs mount", as_user(ids, dir, &bin, &["mount", "d/mnt"]));

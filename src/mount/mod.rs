@@ -866,6 +866,20 @@ pub fn unmount(mountpoint: &Path) -> Result<Unmounted, String> {
                 mp.display()
             )));
         }
+        // Another user's mount: said as such, not as no mount at all.
+        if let Some(m) = mounts()
+            .into_iter()
+            .rev()
+            .find(|m| m.mountpoint == mp && m.fstype == "fuse.redbfs")
+        {
+            let who = m
+                .user_id
+                .map_or("an unknown user".into(), |u| format!("uid {u}"));
+            return Err(format!(
+                "{} is a redbfs mount of {who}, not of this user: permission denied; left as it is",
+                mp.display()
+            ));
+        }
         return Err(format!("{} is not a redbfs mount", mp.display()));
     };
     refuse_if_inside(&mp)?;
