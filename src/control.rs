@@ -272,12 +272,12 @@ impl Daemon {
                 strict,
                 &mut |_| {},
             )
-            .map(|report| {
+            .map(|mut report| {
                 // The kernel may hold the listing of a directory the import added to, or a
                 // lookup that found one of its new names missing: it forgets both.
-                let dirs: std::collections::BTreeSet<u64> =
-                    report.made_in_existing.iter().map(|d| d.0).collect();
-                fs.invalidate(report.made_in_existing.clone(), dirs.into_iter().collect());
+                let made = std::mem::take(&mut report.made_in_existing);
+                let dirs: std::collections::BTreeSet<u64> = made.iter().map(|d| d.0).collect();
+                fs.invalidate(made, dirs.into_iter().collect());
                 json!({"import": report})
             })
         });

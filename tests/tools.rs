@@ -469,7 +469,7 @@ fn expire_removes_only_unused_files_through_the_mount() {
     if !fuse_available() {
         return;
     }
-    let m = TestMount::new();
+    let mut m = TestMount::new();
     std::fs::create_dir(m.path("memories")).unwrap();
     for name in ["old1.md", "old2.md", "fresh.md"] {
         std::fs::write(m.path(&format!("memories/{name}")), name).unwrap();
@@ -503,6 +503,20 @@ fn expire_removes_only_unused_files_through_the_mount() {
         redbfs(&["expire", s(&m.mountpoint), "--unused-for", "soon"]),
         "not a duration",
     );
+    // On the unmounted store: the same removal, and in its history.
+    std::fs::write(m.path("memories/old3.md"), "old3").unwrap();
+    set_mtime(&m.path("memories/old3.md"), old, 0);
+    m.unmount();
+    let store = m.store.clone();
+    let out = ok(redbfs(&["expire", s(&store), "--before", "2024-01-01"]));
+    assert!(out.contains("removed /memories/old3.md"), "{out}");
+    let tree = ok(redbfs(&["tree", s(&store)]));
+    assert!(
+        !tree.contains("old3.md") && tree.contains("fresh.md"),
+        "{tree}"
+    );
+    let log = ok(redbfs(&["log", s(&store)]));
+    assert!(log.contains("expire"), "{log}");
 }
 
 #[test]

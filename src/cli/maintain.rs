@@ -21,16 +21,13 @@ pub(super) fn expire(a: Expire) -> Result<i32, String> {
         serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
     if !a.dry_run {
         let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
-        if t.is_mounted() {
-            // By the daemon, in one transaction; it tells the kernel what went, and passes
-            // over a file used since the cutoff (written or replaced since it was chosen).
-            let v = t.change(json!({"op": "expire", "paths": paths, "cutoff_ns": cutoff}))?;
-            let removed: std::collections::HashSet<String> =
-                serde_json::from_value(v["removed"].clone()).map_err(|e| e.to_string())?;
-            files.retain(|(p, _)| removed.contains(p));
-        } else {
-            crate::tools::remove_files(&t.open_existing()?, &paths)?;
-        }
+        // One transaction, by the daemon on a mounted store (it tells the kernel what went),
+        // recorded in history; a file used since the cutoff (written or replaced since it was
+        // chosen) is passed over.
+        let v = t.change(json!({"op": "expire", "paths": paths, "cutoff_ns": cutoff}))?;
+        let removed: std::collections::HashSet<String> =
+            serde_json::from_value(v["removed"].clone()).map_err(|e| e.to_string())?;
+        files.retain(|(p, _)| removed.contains(p));
     }
     output::expired(&files, a.dry_run, f);
     Ok(0)

@@ -1,10 +1,10 @@
-//! Maintenance: expiry (`unused_since`, and `remove_files` for an unmounted store) and
-//! `check --repair`. `compact` is `Store::compact`, run by the CLI on an unmounted store.
+//! Maintenance: expiry's choice (`unused_since`; the removal is `Fs::remove_files`, mounted
+//! or not) and `check --repair`. `compact` is `Store::compact`, run by the CLI on an unmounted store.
 
 use std::collections::{HashMap, HashSet};
 
-use super::common::{Result, err, lookup_path, tree};
-use crate::store::{Inode, Kind, ROOT_INO, ReadTxn, Store, Sync, now_ns};
+use super::common::{Result, err, tree};
+use crate::store::{Inode, Kind, ROOT_INO, ReadTxn, Store, Sync};
 
 /// Files neither read nor written since `cutoff_ns` (atime is kept within an hour, see
 /// SEMANTICS.md), as (path, last use).
@@ -14,30 +14,6 @@ pub fn unused_since(r: &ReadTxn, path: &str, cutoff_ns: i64) -> Result<Vec<(Stri
         .filter(|(_, e)| e.kind == "file" && e.atime_ns.max(e.mtime_ns) < cutoff_ns)
         .map(|(_, e)| (e.path, e.atime_ns.max(e.mtime_ns)))
         .collect())
-}
-
-/// `expire` on an unmounted store: removes the given files in one transaction.
-pub fn remove_files(store: &Store, paths: &[String]) -> Result<u64> {
-    let r = store.read().map_err(err)?;
-    let mut w = store.write().map_err(err)?;
-    let now = now_ns();
-    for p in paths {
-        let (inode, _) = lookup_path(&r, p)?;
-        if inode.kind != Kind::File {
-            continue;
-        }
-        w.remove_dirent(inode.parent, &inode.name).map_err(err)?;
-        w.delete_inode(inode.ino).map_err(err)?;
-        let mut parent = w
-            .inode(inode.parent)
-            .map_err(err)?
-            .ok_or("parent vanished")?;
-        parent.mtime = now;
-        parent.ctime = now;
-        w.put_inode(&parent).map_err(err)?;
-    }
-    w.commit(Sync::Durable).map_err(err)?;
-    Ok(paths.len() as u64)
 }
 
 /// `check --repair`: reclaims orphans and unreachable inodes, drops entries that point to

@@ -25,7 +25,7 @@ pub use history::{
     LOG_PAGE_MAX, LogPage, LogQuery, at_point, diff, log_page, log_pages, resolve_point, show_at,
 };
 pub use inspection::{DuInfo, StatsInfo, cat, du, ls, quotas, stats};
-pub use maintenance::{remove_files, repair, unused_since};
+pub use maintenance::{repair, unused_since};
 pub use request::{content_of, history_change, query};
 pub use transfer::{
     ExportOptions, ExportReport, ImportReport, export_dir, export_tar, import, import_tar,
