@@ -408,6 +408,55 @@ fn unlinked_open_file_stays_readable_and_writable() {
     assert_eq!(files, Some(0), "space reclaimed at the last release");
 }
 
+/// Context switches of every thread of process `pid` so far: each is a wake-up or a
+/// preemption.
+fn context_switches(pid: u64) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .map(|l| l.split_whitespace().last().unwrap().parse::<u64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// An idle daemon sleeps: no thread of it polls (its reclaimer woke 20 times a second,
+/// whether or not an orphan waited), and an orphan is still reclaimed once one is queued.
+#[test]
+fn an_idle_daemon_does_not_wake() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let mnt = m.mountpoint.to_str().unwrap();
+    let status = || -> serde_json::Value {
+        serde_json::from_slice(&redbfs(&["status", mnt, "--json"]).stdout).unwrap()
+    };
+    let pid = status()["pid"].as_u64().unwrap();
+    // Something for the reclaimer first: a file unlinked while open, then closed.
+    let f = std::fs::File::create(m.path("gone")).unwrap();
+    std::fs::remove_file(m.path("gone")).unwrap();
+    drop(f);
+    let reclaimed = (0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        status()["files"].as_u64() == Some(0)
+    });
+    assert!(reclaimed, "the orphan was never reclaimed: {}", status());
+    // Let the last answers and the reclaim settle, then count over two seconds.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = context_switches(pid);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let woke = context_switches(pid) - before;
+    assert!(
+        woke <= 4,
+        "the idle daemon's threads switched {woke} times in 2 s: something polls"
+    );
+}
+
 #[test]
 fn attributes_match_what_the_sdk_prints() {
     if !fuse_available() {

@@ -287,7 +287,61 @@ pub struct Fs {
     /// Whether any directory has a quota: without one, writes skip the walk up.
     any_quota: AtomicBool,
     /// Orphans that may have lost their last reference or handle, to reclaim in a batch.
-    reclaims: Mutex<Vec<u64>>,
+    reclaims: Arc<ReclaimQueue>,
+}
+
+/// The orphans waiting for the daemon's reclaimer (`Fs::reclaimer`), and what wakes it: it
+/// sleeps until one is queued, so an idle daemon does not wake at all.
+#[derive(Default)]
+pub struct ReclaimQueue {
+    queued: Mutex<Vec<u64>>,
+    wake: std::sync::Condvar,
+    /// Set when the filesystem is dropped: the reclaimer ends.
+    closed: AtomicBool,
+}
+
+impl ReclaimQueue {
+    /// Queues `ino`; returns how many are queued now. The first one wakes the reclaimer.
+    fn push(&self, ino: u64) -> usize {
+        let mut q = lock(&self.queued);
+        q.push(ino);
+        if q.len() == 1 {
+            self.wake.notify_one();
+        }
+        q.len()
+    }
+
+    fn take(&self) -> Vec<u64> {
+        std::mem::take(&mut *lock(&self.queued))
+    }
+
+    /// Blocks until an orphan is queued (true) or the filesystem is gone (false).
+    pub fn wait(&self) -> bool {
+        let mut q = lock(&self.queued);
+        while q.is_empty() && !self.closed.load(Ordering::Acquire) {
+            q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+        !self.closed.load(Ordering::Acquire)
+    }
+
+    fn close(&self) {
+        let _q = lock(&self.queued);
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_all();
+    }
+}
+
+impl Fs {
+    /// The queue the daemon's reclaimer waits on (see `ReclaimQueue::wait`).
+    pub fn reclaim_queue(&self) -> Arc<ReclaimQueue> {
+        Arc::clone(&self.reclaims)
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        self.reclaims.close();
+    }
 }
 
 /// Orphans reclaimed in one transaction at most; a full batch is reclaimed at once.
@@ -311,7 +365,7 @@ impl Fs {
     /// committed, not even access times or the reclaiming of orphans.
     pub fn new(store: Store, limits: Limits) -> Result<Fs> {
         let fs = Fs {
-            reclaims: Mutex::new(Vec::new()),
+            reclaims: Arc::default(),
             store,
             tracker: Tracker::new(limits.lost_updates),
             limits,

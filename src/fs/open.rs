@@ -113,11 +113,7 @@ impl Fs {
     /// orphan's content still counts), the caller reclaims the batch itself; otherwise the daemon's reclaimer does within `RECLAIM_INTERVAL` (so
     /// a burst of unlinks costs one more commit, not one each).
     pub(super) fn reclaim_if_unused(&self, ino: u64) {
-        let full = {
-            let mut q = lock(&self.reclaims);
-            q.push(ino);
-            q.len() >= RECLAIM_BATCH
-        };
+        let full = self.reclaims.push(ino) >= RECLAIM_BATCH;
         if full || self.limits.quota_bytes > 0 || self.store.disk_nearly_full() {
             self.reclaim_queued();
         }
@@ -127,7 +123,7 @@ impl Fs {
     /// transaction. Not durable by itself: a crash before the next durable commit leaves the
     /// orphan marks, and the next mount reclaims them.
     pub fn reclaim_queued(&self) {
-        let queued = std::mem::take(&mut *lock(&self.reclaims));
+        let queued = self.reclaims.take();
         let chosen: Vec<u64> = {
             let files = lock(&self.files);
             queued

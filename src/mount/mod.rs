@@ -694,14 +694,16 @@ fn open_fs(
     Ok(Arc::new(Fs::new(store, limits).map_err(|e| e.to_string())?))
 }
 
-/// A thread that reclaims, every `RECLAIM_INTERVAL`, the orphans the kernel and every handle
-/// let go of meanwhile, in one transaction; it ends when the filesystem does.
+/// A thread that reclaims the orphans the kernel and every handle let go of, in one
+/// transaction `RECLAIM_INTERVAL` after the first of a batch is queued; it sleeps while none
+/// is, and ends when the filesystem does.
 fn reclaim_in_batches(fs: &Arc<Fs>) -> std::io::Result<()> {
+    let queue = fs.reclaim_queue();
     let fs = Arc::downgrade(fs);
     std::thread::Builder::new()
         .name("reclaimer".into())
         .spawn(move || {
-            loop {
+            while queue.wait() {
                 std::thread::sleep(crate::fs::RECLAIM_INTERVAL);
                 match fs.upgrade() {
                     Some(fs) => fs.reclaim_queued(),
