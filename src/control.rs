@@ -379,6 +379,9 @@ impl Daemon {
                 });
             let sent = match req {
                 Ok(req) if is_log_stream(&req) => self.stream_log(&req, &mut out),
+                Ok(req) if wants_keepalive(&req) => {
+                    answer_with_keepalives(&mut out, KEEPALIVE, || self.handle(&req))
+                }
                 Ok(req) => send(&mut out, &self.handle(&req)),
                 Err(e) => {
                     crate::warn_limited!(error = %e, "control: bad request");
@@ -407,6 +410,57 @@ impl Read for LineDeadline {
         self.stream.set_read_timeout(Some(left))?;
         self.stream.read(buf)
     }
+}
+
+/// How often a daemon working on a request that asked for it (`"keepalive":true`) says so.
+pub const KEEPALIVE: Duration = Duration::from_secs(10);
+/// The line it says so with; a client that asked skips it.
+const KEEPALIVE_LINE: &[u8] = br#"{"working":true}"#;
+/// How long a client waits for a line: an answer, a page, or (asked for) a keepalive.
+pub const CLIENT_WAITS: Duration = Duration::from_secs(120);
+
+fn wants_keepalive(req: &Value) -> bool {
+    req.get("keepalive").and_then(Value::as_bool) == Some(true)
+}
+
+/// Sends the answer `work` makes, and `KEEPALIVE_LINE` every `every` until it is made: a
+/// request that takes longer than the client waits for a line (a snapshot of a large store,
+/// an import) is not reported as failed while it completes. The work runs to its end even
+/// if the client has gone.
+fn answer_with_keepalives(
+    out: &mut UnixStream,
+    every: Duration,
+    work: impl FnOnce() -> Value + Send,
+) -> std::io::Result<()> {
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let worker = std::thread::Builder::new()
+            .name("control-work".into())
+            .spawn_scoped(s, move || {
+                let _ = tx.send(work());
+            })?;
+        let mut listening = Ok(());
+        loop {
+            match rx.recv_timeout(every) {
+                Ok(answer) => return listening.and_then(|()| send(out, &answer)),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if listening.is_ok() {
+                        let mut line = KEEPALIVE_LINE.to_vec();
+                        line.push(b'\n');
+                        listening = out.write_all(&line);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    // The work panicked: its thread is joined by the scope, which passes
+                    // the panic on, as a request handled on this thread would.
+                    drop(worker);
+                    return Err(std::io::Error::other(
+                        "the request's work ended without an answer",
+                    ));
+                }
+            }
+        }
+    })
 }
 
 /// The longest request line the daemon reads (a request names paths; 1 MiB is far beyond one).
@@ -644,7 +698,12 @@ impl Client {
                 ),
             ));
         }
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
+        Client::over(s, store, CLIENT_WAITS)
+    }
+
+    /// A client on a connected socket, waiting at most `waits` for each line.
+    fn over(s: UnixStream, store: &Path, waits: Duration) -> std::io::Result<Client> {
+        s.set_read_timeout(Some(waits))?;
         Ok(Client {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
@@ -652,10 +711,19 @@ impl Client {
         })
     }
 
-    /// Sends one request and returns the response, or the daemon's error message.
+    /// Sends one request and returns the response, or the daemon's error message. The
+    /// daemon says it is still working every `KEEPALIVE`, so however long the request takes,
+    /// only a daemon silent for `CLIENT_WAITS` fails it.
     pub fn call(&mut self, req: &Value) -> Result<Value, String> {
-        self.send(req)?;
-        let line = self.answer_line()?;
+        let mut req = req.clone();
+        req["keepalive"] = json!(true);
+        self.send(&req)?;
+        let line = loop {
+            let line = self.answer_line().map_err(|e| unanswered(&req, e))?;
+            if line != KEEPALIVE_LINE {
+                break line;
+            }
+        };
         let v: Value = serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
         if v.get("ok").and_then(Value::as_bool) == Some(true) {
             Ok(v)
@@ -734,14 +802,45 @@ impl Client {
     /// The next answer line (without its newline).
     fn answer_line(&mut self) -> Result<Vec<u8>, String> {
         let mut line = Vec::new();
-        self.reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| format!("control socket: {e}"))?;
+        self.reader.read_until(b'\n', &mut line).map_err(|e| {
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                let waited = self
+                    .writer
+                    .read_timeout()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                format!(
+                    "control socket: the daemon said nothing for {:.1} s",
+                    waited.as_secs_f64()
+                )
+            } else {
+                format!("control socket: {e}")
+            }
+        })?;
         if line.pop() != Some(b'\n') {
             return Err("the daemon closed the control socket".into());
         }
         Ok(line)
     }
+}
+
+/// What a request without an answer says: a change may still be made by the daemon.
+fn unanswered(req: &Value, e: String) -> String {
+    let op = req.get("op").and_then(Value::as_str).unwrap_or("request");
+    if matches!(
+        op,
+        "status" | "ls" | "cat" | "tree" | "du" | "stats" | "quotas" | "unused"
+    ) {
+        return e;
+    }
+    format!(
+        "{e}: no answer to `{op}`; whether the daemon made it is not known: see `redbfs status` \
+         and `redbfs log`"
+    )
 }
 
 /// A `log` request for what `q` asks, streamed or one page.
@@ -776,4 +875,72 @@ fn refusal(error: Option<&str>) -> String {
     error
         .unwrap_or("the daemon refused the request")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request whose work outlasts what the client waits for a line is answered, not
+    /// failed: the daemon's keepalives come more often than the client's wait. Without them
+    /// (`every` longer than the work) the same client gives up, saying so.
+    #[test]
+    fn a_request_longer_than_the_client_waits_is_answered_through_keepalives() {
+        let outcome = |every: Duration| {
+            let (daemon_end, client_end) = UnixStream::pair().unwrap();
+            let daemon = std::thread::spawn(move || {
+                let mut line = String::new();
+                BufReader::new(daemon_end.try_clone().unwrap())
+                    .read_line(&mut line)
+                    .unwrap();
+                let req: Value = serde_json::from_str(&line).unwrap();
+                assert_eq!(
+                    req["keepalive"],
+                    json!(true),
+                    "the client asks for keepalives"
+                );
+                let mut out = daemon_end;
+                let _ = answer_with_keepalives(&mut out, every, || {
+                    std::thread::sleep(Duration::from_millis(600));
+                    json!({"ok": true, "done": req["op"]})
+                });
+            });
+            let waits = Duration::from_millis(200);
+            let mut c = Client::over(client_end, Path::new("s.redb"), waits).unwrap();
+            let got = c.call(&json!({"op": "snapshot", "out": "x"}));
+            daemon.join().unwrap();
+            got
+        };
+        let answered = outcome(Duration::from_millis(50)).unwrap();
+        assert_eq!(answered["done"], json!("snapshot"));
+        let e = outcome(Duration::from_secs(5)).unwrap_err();
+        assert!(
+            e.contains("said nothing for 0.2 s") && e.contains("whether the daemon made it"),
+            "{e}"
+        );
+    }
+
+    /// A request that did not ask for keepalives gets none: a client of an older version
+    /// reads its answer as the first line.
+    #[test]
+    fn keepalives_come_while_working_and_only_when_asked() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut out = a;
+        answer_with_keepalives(&mut out, Duration::from_millis(10), || {
+            std::thread::sleep(Duration::from_millis(100));
+            json!({"ok": true})
+        })
+        .unwrap();
+        drop(out);
+        let mut lines = String::new();
+        BufReader::new(b).read_to_string(&mut lines).unwrap();
+        let n = lines
+            .lines()
+            .filter(|l| l.as_bytes() == KEEPALIVE_LINE)
+            .count();
+        assert!(n >= 2, "keepalives while working: {lines}");
+        assert_eq!(lines.lines().last(), Some(r#"{"ok":true}"#));
+        assert!(!wants_keepalive(&json!({"op": "status"})));
+        assert!(wants_keepalive(&json!({"op": "status", "keepalive": true})));
+    }
 }
