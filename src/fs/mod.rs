@@ -243,6 +243,19 @@ struct Pinned {
 struct DirHandle {
     ino: u64,
     entries: Option<Arc<Vec<Listed>>>,
+    /// What `entries` holds in memory, about (see `dir::listing_bytes`).
+    bytes: usize,
+    /// When the handle last read its listing, in `DirHandles::clock` ticks.
+    used: u64,
+}
+
+/// The open directory handles and what their listings hold in memory together: at most
+/// `DirHandles::budget` bytes beside the listing being read (see `Fs::readdir`).
+struct DirHandles {
+    open: HashMap<u64, DirHandle>,
+    held: usize,
+    clock: u64,
+    budget: usize,
 }
 
 /// What removing an inode's last name does, decided before its transaction commits.
@@ -271,7 +284,7 @@ pub struct Fs {
     limits: Limits,
     files: Mutex<HashMap<u64, Arc<FileSlot>>>,
     handles: Mutex<HashMap<u64, Handle>>,
-    dirs: Mutex<HashMap<u64, DirHandle>>,
+    dirs: Mutex<DirHandles>,
     /// Keys the readdir offsets of names (`dir::Listed`): fixed for the mount's life.
     cookies: std::hash::RandomState,
     next_fh: AtomicU64,
@@ -371,7 +384,12 @@ impl Fs {
             limits,
             files: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(DirHandles {
+                open: HashMap::new(),
+                held: 0,
+                clock: 0,
+                budget: dir::LISTINGS_HELD,
+            }),
             cookies: std::hash::RandomState::new(),
             next_fh: AtomicU64::new(1),
             poisoned: AtomicBool::new(false),

@@ -104,7 +104,7 @@ impl Fs {
 
     /// Whether a handle holds `ino` open. Called with the files map locked.
     pub(super) fn is_open(&self, files: &HashMap<u64, Arc<FileSlot>>, ino: u64) -> bool {
-        files.contains_key(&ino) || lock(&self.dirs).values().any(|d| d.ino == ino)
+        files.contains_key(&ino) || lock(&self.dirs).open.values().any(|d| d.ino == ino)
     }
 
     /// An orphan may have lost its last reference or handle (its last FORGET, release or
