@@ -179,6 +179,108 @@ fn revert_of_a_user_keeps_its_quota_and_is_held_by_it() {
     assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
 }
 
+/// A revert or rollback keeps the limits a change through the mount keeps: a tree copied
+/// back by reverting its old path after moving it away may not take the store past
+/// `--max-files` or `--quota`, nor bring back a name that clashes by case under `--names
+/// portable`, nor a rollback re-add entries past a limit lowered since. Each refusal leaves
+/// the store as it was.
+#[test]
+fn revert_and_rollback_keep_the_store_wide_limits_and_the_name_rules() {
+    let limits = Limits {
+        max_files: 30,
+        quota_bytes: 100_000,
+        names: redbfs::fs::NameRules::Portable,
+        ..Limits::default()
+    };
+    let (_d, fs) = new_fs(limits.clone());
+    fs.store().set_keep_history(3600 * 1_000_000_000).unwrap();
+    let d = mkdir(&fs, ROOT_INO, "d");
+    for i in 0..10 {
+        write_file(&fs, d, &format!("f{i}"), &[i as u8; 4000]).unwrap();
+    }
+    let base = fs.store().read().unwrap().last_seq().unwrap();
+    // Moved away and reverted: a second copy (11 more entries, 40 KB more content).
+    fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"e1", 0).unwrap();
+    fs.revert(ME, "/d", base).unwrap();
+    // A third copy would make 34 entries: over --max-files 30.
+    fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"e2", 0).unwrap();
+    let before = fs.store().read().unwrap().usage().unwrap();
+    let e = fs.revert(ME, "/d", base).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(
+        fs.store().read().unwrap().usage().unwrap(),
+        before,
+        "nothing changed"
+    );
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+
+    // Under the quota: 80 KB held, and a copy of 40 KB more would pass 100 KB.
+    let (_d2, fs) = new_fs(Limits {
+        max_files: 1000,
+        ..limits
+    });
+    fs.store().set_keep_history(3600 * 1_000_000_000).unwrap();
+    let d = mkdir(&fs, ROOT_INO, "d");
+    for i in 0..10 {
+        write_file(&fs, d, &format!("f{i}"), &[i as u8; 4000]).unwrap();
+    }
+    let base = fs.store().read().unwrap().last_seq().unwrap();
+    fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"e1", 0).unwrap();
+    fs.revert(ME, "/d", base).unwrap();
+    fs.rename(ME, ROOT_INO, b"d", ROOT_INO, b"e2", 0).unwrap();
+    let e = fs.revert(ME, "/d", base).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert!(e.to_string().contains("--quota"), "{e}");
+    assert_eq!(
+        fs.store().read().unwrap().usage().unwrap().content_bytes,
+        80_000
+    );
+
+    // A name that now clashes by case with another is not brought back.
+    let foo = fs.store().read().unwrap().last_seq().unwrap();
+    mkdir(&fs, ROOT_INO, "Foo");
+    let with_foo = fs.store().read().unwrap().last_seq().unwrap();
+    fs.rmdir(ME, ROOT_INO, b"Foo").unwrap();
+    mkdir(&fs, ROOT_INO, "foo");
+    let e = fs.revert(ME, "/Foo", with_foo).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    let r = fs.store().read().unwrap();
+    assert!(r.lookup(ROOT_INO, "Foo").unwrap().is_none());
+    drop(r);
+    // A rollback to a point with fewer entries is within every limit.
+    fs.rollback(ME, foo).unwrap();
+    assert!(findings(&fs).is_empty(), "{:?}", findings(&fs));
+    // With --max-files lowered below what the store held at `base`, a rollback there would
+    // re-add entries past it: refused.
+    let after = fs.store().read().unwrap().last_seq().unwrap();
+    for name in ["e1", "e2"] {
+        let (ino, _) = fs
+            .store()
+            .read()
+            .unwrap()
+            .lookup(ROOT_INO, name)
+            .unwrap()
+            .unwrap();
+        for i in 0..10 {
+            fs.unlink(ME, ino, format!("f{i}").as_bytes()).unwrap();
+        }
+        fs.rmdir(ME, ROOT_INO, name.as_bytes()).unwrap();
+    }
+    drop(fs);
+    let store = Store::open_or_create(&_d2.path().join("s.redb"), (1000, 1000)).unwrap();
+    let fs = Fs::new(
+        store,
+        Limits {
+            max_files: 5,
+            ..limits
+        },
+    )
+    .unwrap();
+    let e = fs.rollback(ME, after).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+    assert_eq!(fs.store().read().unwrap().usage().unwrap().files, 0);
+}
+
 #[test]
 fn redact_under_a_user_erases_past_versions_but_never_current_content() {
     let (_d, fs) = new_fs(Limits::default());

@@ -96,8 +96,10 @@ impl Fs {
             .check_reachable(seq)
             .map_err(|e| invalid(e.to_string()))?;
         let mut w = self.store().write()?;
+        let before = w.usage()?;
         // Newest record first, each a part at a time.
         let records = w.undo_after(seq)?;
+        self.check_brought_back(&mut w, &before, None)?;
         self.describe(
             &mut w,
             caller,
@@ -159,18 +161,52 @@ impl Fs {
             ))
         })?;
         let mut removals = Vec::new();
+        let res = self.revert_in(&mut w, &then, (parent, name), then_ino, &mut removals);
+        let res = res.and_then(|()| {
+            self.describe(
+                &mut w,
+                caller,
+                "revert",
+                then_ino.unwrap_or(0),
+                |_| vec![format!("/{}", parts.join("/")), format!("@{seq}")],
+                0,
+                0,
+            );
+            self.commit_out_of_band(w)
+        });
+        // Staged removals end with the transaction, committed or given up.
+        for (ino, r) in removals {
+            self.finish_removal(ino, r, res.as_ref().ok().copied());
+        }
+        res.map(drop)
+    }
+
+    /// A revert's changes in `w`: the tree at `name` under `parent` removed, the one inode
+    /// `then_ino` headed in `then` restored there, within the limits (`check_brought_back`).
+    fn revert_in(
+        &self,
+        w: &mut WriteTxn<'_>,
+        then: &Past<'_>,
+        (parent, name): (u64, &str),
+        then_ino: Option<u64>,
+        removals: &mut Vec<(u64, super::Removal)>,
+    ) -> Result<()> {
+        let before = w.usage()?;
         let mut quota = None;
         if let Some((now_ino, kind)) = w.lookup(parent, name)? {
             if kind == Kind::Dir {
                 quota = Some(w.subtree(now_ino)?).filter(|q| q.has_quota());
             }
-            self.remove_tree(&mut w, parent, name, now_ino, kind, &mut removals)?;
+            self.remove_tree(w, parent, name, now_ino, kind, removals)?;
         }
         if let Some(ino) = then_ino {
-            self.restore_tree(&mut w, &then, ino, parent, name)?;
+            self.restore_tree(w, then, ino, parent, name)?;
         }
+        let top = self.parse_name(name.as_bytes())?;
+        let restored = w.lookup(parent, name)?;
+        self.check_brought_back(w, &before, restored.map(|(i, k)| (parent, &top, i, k)))?;
         // A quota belongs to the directory at that path now, whatever inode it gets back.
-        if let (Some(q), Some((ino, Kind::Dir))) = (quota, w.lookup(parent, name)?) {
+        if let (Some(q), Some((ino, Kind::Dir))) = (quota, restored) {
             w.set_quota(ino, q.quota_bytes, q.quota_files)?;
         }
         let now = crate::store::now_ns();
@@ -178,20 +214,7 @@ impl Fs {
         p.mtime = now;
         p.ctime = now;
         w.put_inode(&p)?;
-        self.describe(
-            &mut w,
-            caller,
-            "revert",
-            then_ino.unwrap_or(0),
-            |_| vec![format!("/{}", parts.join("/")), format!("@{seq}")],
-            0,
-            0,
-        );
-        let res = self.commit_out_of_band(w);
-        for (ino, r) in removals {
-            self.finish_removal(ino, r, res.as_ref().ok().copied());
-        }
-        res.map(drop)
+        Ok(())
     }
 
     /// Removes the files at `paths` (what `expire` chose) in one durable transaction: a
@@ -267,7 +290,8 @@ impl Fs {
     }
 
     /// Removes the tree at `name` under `parent` in `w` (what the kernel references or a handle
-    /// holds becomes an orphan).
+    /// holds becomes an orphan). Walked with a stack of its own, not by recursion: a deep tree
+    /// cannot exhaust the thread's stack.
     fn remove_tree(
         &self,
         w: &mut WriteTxn<'_>,
@@ -277,22 +301,32 @@ impl Fs {
         kind: Kind,
         removals: &mut Vec<(u64, super::Removal)>,
     ) -> Result<()> {
-        if kind == Kind::Dir {
-            for e in w.list(ino, usize::MAX)? {
-                self.remove_tree(w, ino, &e.name, e.ino, e.kind, removals)?;
+        // Each entry is removed after everything below it: (parent, name, inode, kind,
+        // whether its entries are already on the stack).
+        let mut stack = vec![(parent, name.to_string(), ino, kind, false)];
+        while let Some((parent, name, ino, kind, opened)) = stack.pop() {
+            if kind == Kind::Dir && !opened {
+                stack.push((parent, name, ino, kind, true));
+                for e in w.list(ino, usize::MAX)? {
+                    stack.push((ino, e.name, e.ino, e.kind, false));
+                }
+                continue;
             }
-            let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
-            p.nlink -= 1;
-            w.put_inode(&p)?;
+            if kind == Kind::Dir {
+                let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+                p.nlink -= 1;
+                w.put_inode(&p)?;
+            }
+            let r = self.claim_removal(ino);
+            Self::stage_removal(w, ino, &r)?;
+            removals.push((ino, r));
+            w.remove_dirent(parent, &name)?;
         }
-        let r = self.claim_removal(ino);
-        Self::stage_removal(w, ino, &r)?;
-        removals.push((ino, r));
-        w.remove_dirent(parent, name)?;
         Ok(())
     }
 
-    /// Recreates, under `parent` as `name`, the tree that inode `ino` heads in `then`.
+    /// Recreates, under `parent` as `name`, the tree that inode `ino` heads in `then`, with a
+    /// stack of its own (no recursion).
     fn restore_tree(
         &self,
         w: &mut WriteTxn<'_>,
@@ -301,37 +335,41 @@ impl Fs {
         parent: u64,
         name: &str,
     ) -> Result<()> {
-        let mut inode = then.inode(ino)?.ok_or(Error::NotFound)?;
-        // Keep the inode number where it is free; a file now living elsewhere keeps its own.
-        inode.ino = if w.inode(ino)?.is_none() {
-            ino
-        } else {
-            w.alloc_ino()?
-        };
-        inode.parent = parent;
-        inode.name = name.to_string();
-        inode.ctime = crate::store::now_ns();
-        if inode.kind == Kind::Dir {
-            inode.nlink = 2;
-        }
-        // A file's chunk 0 may live in its record: it comes back with it.
-        w.put_inode_with_inline(&inode, then.inline_part_of(ino)?.as_deref())?;
-        w.put_dirent(parent, name, inode.ino, inode.kind)?;
-        if inode.kind == Kind::Dir {
-            let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
-            p.nlink += 1;
-            w.put_inode(&p)?;
-            for e in then.list(ino)? {
-                self.restore_tree(w, then, e.ino, inode.ino, &e.name)?;
+        let mut stack = vec![(ino, parent, name.to_string())];
+        while let Some((ino, parent, name)) = stack.pop() {
+            let mut inode = then.inode(ino)?.ok_or(Error::NotFound)?;
+            // Keep the inode number where it is free; a file now living elsewhere keeps its
+            // own.
+            inode.ino = if w.inode(ino)?.is_none() {
+                ino
+            } else {
+                w.alloc_ino()?
+            };
+            inode.parent = parent;
+            inode.name = name.clone();
+            inode.ctime = crate::store::now_ns();
+            if inode.kind == Kind::Dir {
+                inode.nlink = 2;
             }
-        } else {
-            for (idx, blob) in then.filemap_of(ino)? {
-                if !w.blob_exists(blob)? {
-                    return Err(invalid(format!(
-                        "{name}: the content at that point has expired"
-                    )));
+            // A file's chunk 0 may live in its record: it comes back with it.
+            w.put_inode_with_inline(&inode, then.inline_part_of(ino)?.as_deref())?;
+            w.put_dirent(parent, &name, inode.ino, inode.kind)?;
+            if inode.kind == Kind::Dir {
+                let mut p = w.inode(parent)?.ok_or(Error::NotFound)?;
+                p.nlink += 1;
+                w.put_inode(&p)?;
+                for e in then.list(ino)? {
+                    stack.push((e.ino, inode.ino, e.name));
                 }
-                w.set_filemap(inode.ino, idx, Some(blob))?;
+            } else {
+                for (idx, blob) in then.filemap_of(ino)? {
+                    if !w.blob_exists(blob)? {
+                        return Err(invalid(format!(
+                            "{name}: the content at that point has expired"
+                        )));
+                    }
+                    w.set_filemap(inode.ino, idx, Some(blob))?;
+                }
             }
         }
         Ok(())

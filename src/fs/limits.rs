@@ -178,4 +178,41 @@ impl Fs {
         }
         within(w.exact_bounds(dir)?)
     }
+
+    /// What a revert or rollback brings back keeps the limits a change through the mount
+    /// keeps: it may not take the store past `--max-files` or `--quota` (counting what open
+    /// files have buffered) when it adds entries or content; what was within them at that
+    /// point may be over them now that they were lowered, and is then refused, naming the
+    /// limit. `top` is a revert's restored entry (parent, name, inode, kind): its name keeps
+    /// today's rules (`--names portable` clashes) and its whole tree the path limits.
+    pub(super) fn check_brought_back(
+        &self,
+        w: &mut WriteTxn<'_>,
+        before: &crate::store::Usage,
+        top: Option<(u64, &Name, u64, Kind)>,
+    ) -> Result<()> {
+        let after = w.usage()?;
+        let entries = |u: &crate::store::Usage| u.files + u.dirs;
+        if entries(&after) > self.limits.max_files && entries(&after) > entries(before) {
+            return Err(Error::TooManyFiles {
+                limit: self.limits.max_files,
+            });
+        }
+        let limit = self.limits.quota_bytes;
+        if limit > 0
+            && after.content_bytes > before.content_bytes
+            && after.content_bytes.saturating_add(self.store.quota_held()) > limit
+        {
+            return Err(Error::QuotaExceeded { limit });
+        }
+        if let Some((parent, name, ino, kind)) = top {
+            self.check_new_entry(w, parent, name, Some(ino))?;
+            if kind == Kind::Dir {
+                let (bytes, depth) = self.path_cost(w, parent, name.as_str())?;
+                let (below_depth, below_bytes) = w.exact_bounds(ino)?;
+                self.check_path(bytes + below_bytes as usize, depth + below_depth as usize)?;
+            }
+        }
+        Ok(())
+    }
 }
