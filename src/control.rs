@@ -10,15 +10,26 @@
 //! `quotas`, `check`, `unused`) with `"path"`. Every response carries `"ok"`; a failed one
 //! carries `"error"` with a message for a person.
 //!
-//! One request is answered by several lines: `{"op":"log","stream":true, ...}` (the fields of
-//! `tools::LogQuery`) streams the log as pages, one line each, carrying `"streamed":true`; the
-//! last has `"cursor":null`. The first page is small, so its line leaves at once.
+//! Two requests are answered by several lines. `{"op":"log","stream":true, ...}` (the fields
+//! of `tools::LogQuery`) streams the log as pages, one line each, carrying `"streamed":true`;
+//! the last has `"cursor":null`. The first page is small, so its line leaves at once.
+//! `{"op":"cat","path":P,"stream":true}` and `{"op":"show","path":P,"at":X,"stream":true}`
+//! stream a file's content: a refusal is one `{"ok":false,...}` line as usual; otherwise
+//! `{"ok":true,"streamed":true,"size":N}`, then each piece as a line `{"piece":LEN}` followed
+//! by LEN bytes of content as they are (one chunk of the store, 64 KiB at most), then
+//! `{"ok":true,"end":true}`, or `{"ok":false,"error":...}` if reading failed on the way. A
+//! stream that closes before its end line was cut short: what came is not the whole file.
+//! Without `"stream"`, `cat` and `show` answer in one line only for a file of at most
+//! `tools::WHOLE_CONTENT_MAX` bytes.
 //!
 //! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
-//! lines of at most `MAX_LINE` bytes in UTF-8, and `IDLE` seconds without a request or
-//! without taking an answer. No read transaction outlives the page it reads: it ends before
-//! the page is written, so a client that stops reading pins no version of the store, and is
-//! dropped after `IDLE`.
+//! lines of at most `MAX_LINE` bytes in UTF-8, `IDLE` seconds without a request or without
+//! taking an answer, and at most `tools::STREAM_CHUNKS` chunks of a file held per streamed
+//! answer. No read transaction of `log` outlives the page it reads: it ends before the page
+//! is written, so a client that stops reading pins no version of the store, and is dropped
+//! after `IDLE`. A content stream holds one read transaction to its end line, so its client
+//! gets one version of the file; one that stops reading is dropped after `IDLE`, which ends
+//! it, and so does the daemon shutting down.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -338,6 +349,33 @@ impl Daemon {
         }
     }
 
+    /// Streams the content `cat` or `show` asks for (see the module comment) from one read
+    /// transaction, held until the end line so that the client gets one version of the file
+    /// however it is rewritten meanwhile; at most `tools::STREAM_CHUNKS` chunks of it are in
+    /// memory at once. Err when the client went away or stopped reading for `IDLE`.
+    fn stream_content(&self, req: &Value, out: &mut UnixStream) -> std::io::Result<()> {
+        let mut pieces = ContentOut {
+            daemon: self,
+            out,
+            frame: Vec::new(),
+            gone: Ok(()),
+        };
+        let streamed = self.fs().and_then(|fs| {
+            let r = fs.store().read().map_err(|e| e.to_string())?;
+            tools::content(&r, req, &mut pieces)
+        });
+        pieces.gone?;
+        match streamed {
+            Ok(()) => send(out, &json!({"ok": true, "end": true})),
+            Err(e) => send(out, &json!({"ok": false, "error": e})),
+        }
+    }
+
+    /// Whether the daemon has begun to shut down (`take_fs`): a stream still running stops.
+    fn shutting_down(&self) -> bool {
+        self.fs.read().unwrap_or_else(|p| p.into_inner()).is_none()
+    }
+
     /// Serves one connection: a request per line, no longer than `MAX_LINE`; a connection
     /// idle for `IDLE` (or a client that stops reading its answers) is closed.
     fn serve_conn(&self, stream: UnixStream) {
@@ -379,6 +417,7 @@ impl Daemon {
                 });
             let sent = match req {
                 Ok(req) if is_log_stream(&req) => self.stream_log(&req, &mut out),
+                Ok(req) if is_content_stream(&req) => self.stream_content(&req, &mut out),
                 Ok(req) if wants_keepalive(&req) => {
                     answer_with_keepalives(&mut out, KEEPALIVE, || self.handle(&req))
                 }
@@ -479,6 +518,53 @@ struct StreamedPage<'a> {
     cursor: Option<&'a crate::store::LogCursor>,
     since_ns: Option<i64>,
     last_seq: u64,
+}
+
+/// A file's content on its way to a client (see the module comment): the header line once
+/// the file is found, then each piece framed in one write. A write that failed is kept in
+/// `gone` and ends the stream: the client is not there to be told anything more.
+struct ContentOut<'a> {
+    daemon: &'a Daemon,
+    out: &'a mut UnixStream,
+    /// One piece's frame, reused: `{"piece":LEN}\n` and the bytes.
+    frame: Vec<u8>,
+    gone: std::io::Result<()>,
+}
+
+impl ContentOut<'_> {
+    /// Keeps the outcome of a write; a failed one ends the stream.
+    fn sent(&mut self, written: std::io::Result<()>) -> Result<(), String> {
+        let outcome = match &written {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!("control socket: {e}")),
+        };
+        self.gone = written;
+        outcome
+    }
+}
+
+impl tools::ContentSink for ContentOut<'_> {
+    fn start(&mut self, size: u64) -> Result<(), String> {
+        let header = json!({"ok": true, "streamed": true, "size": size});
+        let written = send(self.out, &header);
+        self.sent(written)
+    }
+
+    fn piece(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if self.daemon.shutting_down() {
+            return Err("the daemon is shutting down".into());
+        }
+        self.frame.clear();
+        let _ = writeln!(self.frame, "{{\"piece\":{}}}", bytes.len());
+        self.frame.extend_from_slice(bytes);
+        let written = self.out.write_all(&self.frame);
+        self.sent(written)
+    }
+}
+
+fn is_content_stream(req: &Value) -> bool {
+    matches!(req.get("op").and_then(Value::as_str), Some("cat" | "show"))
+        && req.get("stream").and_then(Value::as_bool) == Some(true)
 }
 
 fn is_log_stream(req: &Value) -> bool {
@@ -791,6 +877,53 @@ impl Client {
         }
     }
 
+    /// `cat` or `show` (`req`, asked for as a stream): hands the file's bytes to `piece` as
+    /// they arrive. A thread of its own reads the socket as fast as the daemon sends, whatever
+    /// `piece` is doing (writing to a pager that waits for its reader), so this process's
+    /// output never holds the daemon's read transaction open; what `piece` has not taken yet
+    /// waits here, in this process's memory. Err when the daemon refuses, when reading failed
+    /// on the way, or when the stream ends before its end line: what `piece` was given is
+    /// then not the whole file, and the message says so.
+    pub fn content(
+        mut self,
+        req: &Value,
+        piece: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut req = req.clone();
+        req["stream"] = json!(true);
+        self.send(&req)?;
+        let line = self.answer_line()?;
+        let v: Value = serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
+        if v.get("ok").and_then(Value::as_bool) != Some(true) {
+            return Err(refusal(v.get("error").and_then(Value::as_str)));
+        }
+        if v.get("streamed").and_then(Value::as_bool) != Some(true) {
+            // A daemon of an earlier release: the whole content in this one line.
+            return piece(&tools::content_of(&v));
+        }
+        let size = v
+            .get("size")
+            .and_then(Value::as_u64)
+            .ok_or("bad response: a content stream without its size")?;
+        let mut reader = self.reader;
+        let (tx, rx) = std::sync::mpsc::channel::<Result<Option<Vec<u8>>, String>>();
+        std::thread::Builder::new()
+            .name("content".into())
+            .spawn(move || {
+                let mut pass = |p: Vec<u8>| tx.send(Ok(Some(p))).map_err(|e| e.to_string());
+                let ended = read_pieces(&mut reader, size, &mut pass);
+                let _ = tx.send(ended.map(|()| None));
+            })
+            .map_err(|e| format!("a thread to read the content: {e}"))?;
+        for received in rx {
+            match received? {
+                Some(p) => piece(&p)?,
+                None => return Ok(()),
+            }
+        }
+        Err("the thread reading the content stopped before its end".into())
+    }
+
     fn send(&mut self, req: &Value) -> Result<(), String> {
         let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
         line.push(b'\n');
@@ -871,6 +1004,84 @@ struct LogAnswer {
     last_seq: u64,
 }
 
+/// The largest piece of a content stream a client takes (a daemon sends one chunk, 64 KiB).
+const PIECE_MAX: u64 = 16 * 1024 * 1024;
+
+/// One line of a content stream after its header: a piece's length, its end, or an error.
+#[derive(serde::Deserialize)]
+struct StreamLine {
+    #[serde(default)]
+    ok: Option<bool>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    piece: Option<u64>,
+    #[serde(default)]
+    end: bool,
+}
+
+/// Reads a content stream after its header line, handing each piece to `piece`, until its end
+/// line. Err when the daemon reports an error, when the pieces do not add up to `size`, or
+/// when the stream ends before its end line (cut short: the daemon went away, or dropped this
+/// client): never a partial file taken for a whole one.
+fn read_pieces(
+    r: &mut impl BufRead,
+    size: u64,
+    piece: &mut dyn FnMut(Vec<u8>) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut got = 0u64;
+    loop {
+        let line = stream_line(r).map_err(|e| not_whole(&e, got, size))?;
+        let l: StreamLine =
+            serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
+        match (l.piece, l.ok, l.end) {
+            (Some(len), ..) if len <= size - got && len <= PIECE_MAX => {
+                let mut bytes = vec![0u8; len as usize];
+                r.read_exact(&mut bytes)
+                    .map_err(|e| not_whole(&format!("control socket: {e}"), got, size))?;
+                got += len;
+                piece(bytes)?;
+            }
+            (Some(len), ..) => {
+                return Err(format!(
+                    "bad response: a piece of {len} bytes after {got} of a file of {size}"
+                ));
+            }
+            (None, Some(true), true) if got == size => return Ok(()),
+            (None, Some(true), true) => {
+                return Err(format!(
+                    "bad response: the content stream ended after {got} of {size} bytes"
+                ));
+            }
+            (None, Some(false), _) if got == 0 => return Err(refusal(l.error.as_deref())),
+            (None, Some(false), _) => {
+                return Err(not_whole(&refusal(l.error.as_deref()), got, size));
+            }
+            _ => return Err("bad response: a line of a content stream not understood".into()),
+        }
+    }
+}
+
+/// The next line of a content stream, without its newline; Err (why) when the stream ends or
+/// fails first.
+fn stream_line(r: &mut impl BufRead) -> Result<Vec<u8>, String> {
+    let mut line = Vec::new();
+    r.by_ref()
+        .take(MAX_LINE as u64)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| e.to_string())?;
+    if line.pop() != Some(b'\n') {
+        return Err("the daemon closed the control socket".into());
+    }
+    Ok(line)
+}
+
+/// What a read of a file's content that stopped after `got` of its `size` bytes says: `why`,
+/// and that what was written is not the whole file.
+pub fn not_whole(why: &str, got: u64, size: u64) -> String {
+    format!("{why}, after {got} of the file's {size} bytes: what was written is not the whole file")
+}
+
 fn refusal(error: Option<&str>) -> String {
     error
         .unwrap_or("the daemon refused the request")
@@ -942,5 +1153,77 @@ mod tests {
         assert_eq!(lines.lines().last(), Some(r#"{"ok":true}"#));
         assert!(!wants_keepalive(&json!({"op": "status"})));
         assert!(wants_keepalive(&json!({"op": "status", "keepalive": true})));
+    }
+
+    /// `content` as a daemon streams it after the header line, `per` bytes a piece.
+    fn framed(content: &[u8], per: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in content.chunks(per) {
+            out.extend_from_slice(format!("{{\"piece\":{}}}\n", piece.len()).as_bytes());
+            out.extend_from_slice(piece);
+        }
+        out.extend_from_slice(b"{\"ok\":true,\"end\":true}\n");
+        out
+    }
+
+    /// What a client reading `stream` for a file of `size` bytes hands on, and its outcome.
+    fn read(stream: &[u8], size: u64) -> (Vec<u8>, Result<(), String>) {
+        let mut given = Vec::new();
+        let outcome = read_pieces(&mut &stream[..], size, &mut |p| {
+            given.extend_from_slice(&p);
+            Ok(())
+        });
+        (given, outcome)
+    }
+
+    #[test]
+    fn a_whole_stream_gives_the_whole_file() {
+        let content = b"0123456789abcdef\n\xff";
+        let (given, outcome) = read(&framed(content, 4), content.len() as u64);
+        assert_eq!(outcome, Ok(()));
+        assert_eq!(given, content);
+        let (given, outcome) = read(&framed(b"", 4), 0);
+        assert_eq!((given, outcome), (Vec::new(), Ok(())));
+    }
+
+    /// A stream cut at any byte before the end of its end line (the daemon killed, or this
+    /// client dropped) fails, having handed on a prefix of the file: never a partial file
+    /// taken for a whole one.
+    #[test]
+    fn a_stream_cut_anywhere_before_its_end_line_fails() {
+        let content = b"0123456789";
+        let stream = framed(content, 4);
+        for cut in 0..stream.len() {
+            let (given, outcome) = read(&stream[..cut], content.len() as u64);
+            let e = outcome.expect_err(&format!("cut at {cut}"));
+            assert!(e.contains("not the whole file"), "cut at {cut}: {e}");
+            assert!(content.starts_with(&given), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn an_error_on_the_way_fails_saying_the_output_is_not_whole() {
+        let mut stream = b"{\"piece\":3}\nabc".to_vec();
+        stream.extend_from_slice(b"{\"ok\":false,\"error\":\"/f: chunk 1 is damaged\"}\n");
+        let (given, outcome) = read(&stream, 6);
+        assert_eq!(given, b"abc");
+        assert_eq!(
+            outcome,
+            Err(
+                "/f: chunk 1 is damaged, after 3 of the file's 6 bytes: what was written is \
+                 not the whole file"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn pieces_that_do_not_add_up_to_the_size_fail() {
+        // More than the header said, and an end before all of it.
+        assert!(read(&framed(b"abcdef", 4), 5).1.is_err());
+        assert!(read(&framed(b"abcdef", 4), 7).1.is_err());
+        // A length no daemon sends is refused before anything is allocated for it.
+        let (given, outcome) = read(b"{\"piece\":18446744073709551615}\n", u64::MAX);
+        assert!(given.is_empty() && outcome.is_err());
     }
 }

@@ -24,8 +24,7 @@ pub(super) fn log(a: Log) -> Result<i32, String> {
 
 pub(super) fn show(a: Show) -> Result<i32, String> {
     let req = json!({"op": "show", "path": a.path, "at": point(&a.at)});
-    let v = Target::resolve(&a.store)?.ask(req)?;
-    output::data(&crate::tools::content_of(&v))?;
+    Target::resolve(&a.store)?.content(req, &mut output::data)?;
     Ok(0)
 }
 

@@ -35,9 +35,21 @@ pub(super) fn ls(a: Ls) -> Result<i32, String> {
     Ok(0)
 }
 
+/// The bytes go out as they are read; `--json` holds them until the last is read, since only
+/// then is it known whether they are UTF-8 (a string) or not (hex).
 pub(super) fn cat(a: Cat) -> Result<i32, String> {
-    let v = Target::resolve(&a.store)?.ask(json!({"op": "cat", "path": a.path}))?;
-    output::cat(v, Format::of(a.json))?;
+    let t = Target::resolve(&a.store)?;
+    let req = json!({"op": "cat", "path": a.path});
+    if Format::of(a.json) == Format::Json {
+        let mut all = Vec::new();
+        t.content(req, &mut |piece| {
+            all.extend_from_slice(piece);
+            Ok(())
+        })?;
+        output::cat_json(all);
+    } else {
+        t.content(req, &mut output::data)?;
+    }
     Ok(0)
 }
 

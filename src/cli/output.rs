@@ -605,16 +605,37 @@ pub(super) fn ls(v: &Value, long: bool, f: Format) {
     }
 }
 
-/// A file's content: its bytes, or `{"content": ...}` (`content_hex` when not UTF-8).
-pub(super) fn cat(mut v: Value, f: Format) -> Result<(), String> {
-    if f == Format::Json {
-        if let Some(o) = v.as_object_mut() {
-            o.remove("ok");
-        }
-        outln!("{v}");
-        return Ok(());
+/// `cat --json`: `{"content": ...}`, or `{"content_hex": ...}` when the bytes are not UTF-8
+/// (known only once all are read), written as it is escaped, with no second copy of them.
+pub(super) fn cat_json(bytes: Vec<u8>) {
+    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = match String::from_utf8(bytes) {
+        Ok(text) => w
+            .write_all(b"{\"content\":")
+            .and_then(|()| serde_json::to_writer(&mut w, &text).map_err(std::io::Error::from)),
+        Err(e) => w.write_all(b"{\"content_hex\":\"").and_then(|()| {
+            e.as_bytes()
+                .chunks(32 * 1024)
+                .try_for_each(|part| w.write_all(hex(part).as_bytes()))
+                .and_then(|()| w.write_all(b"\""))
+        }),
+    };
+    if let Err(e) = written
+        .and_then(|()| w.write_all(b"}\n"))
+        .and_then(|()| w.flush())
+    {
+        output_failed(e);
     }
-    data(&crate::tools::content_of(&v))
+}
+
+/// Bytes in lower-case hex, two digits each.
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
 }
 
 pub(super) fn tree(v: &Value, f: Format) {

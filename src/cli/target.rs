@@ -83,11 +83,15 @@ impl Target {
         on_file: impl FnOnce(&Value) -> Result<Value, String>,
     ) -> Result<Value, String> {
         if self.is_mounted() {
-            return control::Client::connect(&self.store)
-                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
-                .call(&req);
+            return self.daemon()?.call(&req);
         }
         on_file(&req)
+    }
+
+    /// A connection to the daemon of this mounted store.
+    fn daemon(&self) -> Result<control::Client, String> {
+        control::Client::connect(&self.store)
+            .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))
     }
 
     /// A read-only query (the store tools' `query`): the daemon's answer, or the same answer
@@ -106,11 +110,34 @@ impl Target {
         on_page: &mut dyn FnMut(&tools::LogPage) -> Result<bool, String>,
     ) -> Result<(), String> {
         if self.is_mounted() {
-            return control::Client::connect(&self.store)
-                .map_err(|e| format!("{}: the daemon does not answer: {e}", self.store.display()))?
-                .log(q, on_page);
+            return self.daemon()?.log(q, on_page);
         }
         self.read(|_, r| tools::log_pages(q, |q| tools::log_page(r, q), |page, _| on_page(page)))
+    }
+
+    /// `cat` or `show` (`req`): the file's bytes handed to `piece` as they are read, all of one
+    /// version of it; streamed by the daemon when mounted, else read from the file in one
+    /// transaction, a chunk at a time either way.
+    pub fn content(
+        &self,
+        req: Value,
+        piece: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if self.is_mounted() {
+            return self.daemon()?.content(&req, piece);
+        }
+        let mut counted = Counted {
+            piece,
+            size: 0,
+            given: 0,
+        };
+        let read = self.read(|_, r| tools::content(r, &req, &mut counted));
+        match read {
+            Err(e) if counted.given > 0 && counted.given < counted.size => {
+                Err(control::not_whole(&e, counted.given, counted.size))
+            }
+            read => read,
+        }
     }
 
     /// A history change, made as the calling user and process.
@@ -156,6 +183,27 @@ impl Target {
         let snap = dir.path().join("snapshot.redb");
         self.ask(json!({"op": "snapshot", "out": snap}))?;
         read_file(&snap, |_, r| f(r))
+    }
+}
+
+/// A file's bytes on their way to `piece`, counted, so that a read failing after some of them
+/// went out says the output is not the whole file (as the daemon's stream does).
+struct Counted<'a> {
+    piece: &'a mut dyn FnMut(&[u8]) -> Result<(), String>,
+    size: u64,
+    given: u64,
+}
+
+impl tools::ContentSink for Counted<'_> {
+    fn start(&mut self, size: u64) -> Result<(), String> {
+        self.size = size;
+        Ok(())
+    }
+
+    fn piece(&mut self, bytes: &[u8]) -> Result<(), String> {
+        (self.piece)(bytes)?;
+        self.given += bytes.len() as u64;
+        Ok(())
     }
 }
 

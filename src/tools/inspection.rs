@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::common::{EntryInfo, Result, err, info, join, lookup_path, read_content, tree};
+use super::common::{
+    ContentSink, EntryInfo, Result, err, info, join, lookup_path, stream_content, tree,
+};
 use crate::store::{Inode, Kind, ROOT_INO, ReadTxn};
 
 /// `ls`: a directory's entries, or the file itself.
@@ -25,13 +27,22 @@ pub fn ls(r: &ReadTxn, path: &str) -> Result<Vec<EntryInfo>> {
     Ok(out)
 }
 
-/// `cat`: one file's content.
+/// `cat`: one file's content, whole (see `stream_cat`).
 pub fn cat(r: &ReadTxn, path: &str) -> Result<Vec<u8>> {
+    let mut whole = Vec::new();
+    stream_cat(r, path, &mut whole)?;
+    Ok(whole)
+}
+
+/// `cat`: one file's content, into `sink` a chunk at a time, all from `r` (one version of the
+/// file, whatever commits while it streams).
+pub fn stream_cat(r: &ReadTxn, path: &str, sink: &mut dyn ContentSink) -> Result<()> {
     let (inode, canon) = lookup_path(r, path)?;
     if inode.kind != Kind::File {
         return Err(format!("{canon}: is a directory"));
     }
-    read_content(r, &inode)
+    sink.start(inode.size)?;
+    stream_content(r, &inode, sink)
 }
 
 /// What `du` reports.

@@ -20,13 +20,17 @@ pub use backup::{
     restore_dropping, restore_on, snapshot, snapshot_subtree, verify, verify_copy_args,
     verify_copy_capped,
 };
-pub use common::{EntryInfo, lookup_path, parse_date, parse_duration, read_content, tree};
-pub use history::{
-    LOG_PAGE_MAX, LogPage, LogQuery, at_point, diff, log_page, log_pages, resolve_point, show_at,
+pub use common::{
+    ContentSink, EntryInfo, STREAM_CHUNKS, lookup_path, parse_date, parse_duration, read_content,
+    stream_content, tree,
 };
-pub use inspection::{DuInfo, StatsInfo, cat, du, ls, quotas, stats};
+pub use history::{
+    DIFF_MAX_BYTES, LOG_PAGE_MAX, LogPage, LogQuery, at_point, diff, log_page, log_pages,
+    resolve_point, show_at, stream_show,
+};
+pub use inspection::{DuInfo, StatsInfo, cat, du, ls, quotas, stats, stream_cat};
 pub use maintenance::{repair, unused_since};
-pub use request::{content_of, history_change, query};
+pub use request::{WHOLE_CONTENT_MAX, content, content_of, history_change, query};
 pub use transfer::{
     ExportOptions, ExportReport, ImportReport, export_dir, export_tar, import, import_tar,
 };

@@ -5,21 +5,22 @@
 use std::path::Path;
 
 use super::backup::{snapshot, snapshot_subtree};
-use super::common::{Result, err, tree};
-use super::history::{LogQuery, at_point, diff, log_page, resolve_point, show_at};
-use super::inspection::{cat, du, ls, quotas, stats};
+use super::common::{ContentSink, Result, err, tree};
+use super::history::{LogQuery, at_point, diff, log_page, resolve_point, stream_show};
+use super::inspection::{du, ls, quotas, stats, stream_cat};
 use super::maintenance::unused_since;
 use crate::store::ReadTxn;
 
 /// Answers a read-only request (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) from
 /// one read transaction. The daemon answers these for a mounted store and the CLI for an
-/// unmounted one, so both print the same.
+/// unmounted one, so both print the same. `cat` and `show` answer here in one line only up
+/// to `WHOLE_CONTENT_MAX`; the CLI streams them (`content`).
 pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<serde_json::Value> {
     use serde_json::{Value, json};
     let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
     let v = match req.get("op").and_then(Value::as_str).unwrap_or("") {
         "ls" => json!({"entries": ls(r, path)?}),
-        "cat" => content_json(cat(r, path)?),
+        "cat" | "show" => content_json(whole_content(r, req)?),
         "tree" => {
             let t: Vec<Value> = tree(r, path)?
                 .into_iter()
@@ -35,15 +36,6 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
             let q: LogQuery =
                 serde_json::from_value(req.clone()).map_err(|e| format!("log: {e}"))?;
             serde_json::to_value(log_page(r, &q)?).map_err(err)?
-        }
-        "show" => {
-            let seq = resolve_point(
-                r,
-                req.get("at")
-                    .and_then(Value::as_str)
-                    .ok_or("show needs \"at\"")?,
-            )?;
-            content_json(show_at(r, path, seq)?)
         }
         "diff" => {
             let from = resolve_point(
@@ -69,6 +61,54 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
         other => return Err(format!("unknown query {other:?}")),
     };
     Ok(v)
+}
+
+/// Streams the content a `cat` or `show` request asks for into `sink`, all of it from `r`: one
+/// version of the file, whatever commits while it streams.
+pub fn content(r: &ReadTxn, req: &serde_json::Value, sink: &mut dyn ContentSink) -> Result<()> {
+    use serde_json::Value;
+    let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
+    match req.get("op").and_then(Value::as_str).unwrap_or("") {
+        "cat" => stream_cat(r, path, sink),
+        "show" => {
+            let at = req
+                .get("at")
+                .and_then(Value::as_str)
+                .ok_or("show needs \"at\"")?;
+            stream_show(r, path, resolve_point(r, at)?, sink)
+        }
+        other => Err(format!("{other:?} has no content to stream")),
+    }
+}
+
+/// The most content a `cat` or `show` answers in one line, for a client that does not ask for
+/// a stream (an older redbfs talking to this daemon); a larger file is refused before a byte
+/// of it is read, so no such request makes the daemon hold a file several times over.
+pub const WHOLE_CONTENT_MAX: u64 = 1024 * 1024;
+
+/// The content a `cat` or `show` request asks for, whole, up to `WHOLE_CONTENT_MAX`.
+fn whole_content(r: &ReadTxn, req: &serde_json::Value) -> Result<Vec<u8>> {
+    struct Whole<'p>(&'p str, Vec<u8>);
+    impl ContentSink for Whole<'_> {
+        fn start(&mut self, size: u64) -> Result<()> {
+            if size > WHOLE_CONTENT_MAX {
+                return Err(format!(
+                    "{} is {size} bytes: a file over {WHOLE_CONTENT_MAX} bytes is only \
+                     streamed (the redbfs of this daemon's release asks for a stream; an older \
+                     one does not)",
+                    self.0
+                ));
+            }
+            self.1.start(size)
+        }
+        fn piece(&mut self, bytes: &[u8]) -> Result<()> {
+            self.1.piece(bytes)
+        }
+    }
+    let path = req.get("path").and_then(serde_json::Value::as_str);
+    let mut whole = Whole(path.unwrap_or("/"), Vec::new());
+    content(r, req, &mut whole)?;
+    Ok(whole.1)
 }
 
 /// Content as JSON: a string when it is UTF-8, hex otherwise.
