@@ -212,6 +212,8 @@ impl Daemon {
             "read_only_why": fs.store().frozen(),
             "follower": self.follower(),
             "limits": fs.limits(),
+            "history_bytes": fs.store().history_bytes_estimate(),
+            "history_budget": fs.store().history_budget(),
             "conflicts": fs.conflicts(),
             "kernel_references": fs.referenced(),
             "replicas": self.replicas(commits),

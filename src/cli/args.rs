@@ -173,6 +173,10 @@ pub(super) struct Mount {
     /// off. Kept in the store [default for a new store: 30d].
     #[arg(long, value_parser = duration_in(0, MAX_RETENTION_NS))]
     pub keep_history: Option<u64>,
+    /// Bytes history may keep, e.g. 4G; past it the oldest records are shed. 0 for the
+    /// default. Kept in the store [default: the --quota, or 1G without one].
+    #[arg(long, value_parser = size_in(0, MAX_BYTES))]
+    pub max_history_bytes: Option<u64>,
     /// Replicate the store continuously to object storage: s3://BUCKET/PREFIX, gs://..,
     /// az://.. (credentials and endpoint from the service's environment, e.g.
     /// AWS_ENDPOINT_URL) or file:///DIR. Repeatable; `none` stops. Kept in the store.

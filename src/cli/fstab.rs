@@ -53,6 +53,7 @@ const VALUED: &[&str] = &[
     "names",
     "lost_updates",
     "keep_history",
+    "max_history_bytes",
     "replica",
     "replica_interval",
     "replica_snapshot_every",

@@ -47,6 +47,7 @@ pub(super) fn mount(a: Mount) -> Result<i32, String> {
         max_file_bytes: a.max_file_bytes,
         max_buffer_bytes: a.max_buffer,
         quota_bytes: a.quota,
+        max_history_bytes: a.max_history_bytes,
         max_files: a.max_files,
         max_path_bytes: a.max_path_bytes,
         max_depth: a.max_depth,

@@ -121,7 +121,16 @@ pub struct Limits {
     /// private temporary file (see `content::OpenFile::spill`).
     #[serde(default = "default_max_buffer")]
     pub max_buffer_bytes: u64,
+    /// Bytes history may keep before its oldest records are shed; 0: the default
+    /// (`Limits::history_budget`).
+    #[serde(default)]
+    pub max_history_bytes: u64,
 }
+
+/// History's budget without a quota: far above what a memory store's history takes in its
+/// 30 days (an edit of a 20 KB memory keeps about 600 bytes: 1 GiB is over a million edits),
+/// and a bound on a runaway that rewrites large files in a loop.
+pub const DEFAULT_MAX_HISTORY_BYTES: u64 = 1 << 30;
 
 /// Four files at the default size cap may be buffered in memory at once.
 fn default_max_buffer() -> u64 {
@@ -129,6 +138,18 @@ fn default_max_buffer() -> u64 {
 }
 
 impl Limits {
+    /// The bytes history may keep: `--max-history-bytes` when set; else the quota, so that
+    /// the store file stays within about twice the quota (content and its history) and a
+    /// client held by the quota cannot fill the disk through history; else
+    /// `DEFAULT_MAX_HISTORY_BYTES`.
+    pub fn history_budget(&self) -> u64 {
+        match (self.max_history_bytes, self.quota_bytes) {
+            (0, 0) => DEFAULT_MAX_HISTORY_BYTES,
+            (0, q) => q,
+            (m, _) => m,
+        }
+    }
+
     /// The limits a store recorded at its last mount, or the defaults.
     pub fn stored(store: &Store) -> Limits {
         store
@@ -154,6 +175,7 @@ impl Default for Limits {
             names: NameRules::Linux,
             lost_updates: LostUpdates::Record,
             max_buffer_bytes: default_max_buffer(),
+            max_history_bytes: 0,
         }
     }
 }
@@ -399,6 +421,7 @@ impl Fs {
             dir_reserved: Mutex::new(HashMap::new()),
             any_quota: AtomicBool::new(false),
         };
+        fs.store.set_history_budget(fs.limits.history_budget());
         let quotas = fs.store.read()?.quota_rows()?;
         fs.any_quota.store(!quotas.is_empty(), Ordering::Release);
         fs.reclaim_orphans()?;
@@ -514,6 +537,9 @@ impl Fs {
                 {
                     crate::warn_limited!(error = %e, "could not drop history to make room");
                 }
+                if self.store.history_maybe_over_budget() {
+                    self.shed_history_to_budget();
+                }
                 Ok(seq)
             }
             Err(StoreError::DirQuota { dir, files, limit }) => {
@@ -540,6 +566,24 @@ impl Fs {
                     tracing::error!(error = %e, "commit failed: the store now refuses writes; restart the daemon (redbfs unmount, then mount)");
                 }
                 Err(Error::Store(e))
+            }
+        }
+    }
+
+    /// Brings history back within its budget after a commit (`Store::shed_history_to_budget`):
+    /// best effort, like dropping history on a full disk; the commit stands either way.
+    fn shed_history_to_budget(&self) {
+        match self.store.shed_history_to_budget() {
+            Ok((0, _, _)) => {}
+            Ok((records, before, after)) => crate::warn_limited!(
+                records,
+                history_bytes_before = before,
+                history_bytes = after,
+                budget = self.store.history_budget(),
+                "history took more than its budget (--max-history-bytes): dropped its oldest records"
+            ),
+            Err(e) => {
+                crate::warn_limited!(error = %e, "could not drop history over its budget")
             }
         }
     }

@@ -85,6 +85,7 @@ pub struct LimitOverrides {
     pub max_depth: Option<usize>,
     pub names: Option<crate::fs::NameRules>,
     pub lost_updates: Option<crate::fs::LostUpdates>,
+    pub max_history_bytes: Option<u64>,
 }
 
 impl LimitOverrides {
@@ -112,6 +113,9 @@ impl LimitOverrides {
         }
         if let Some(v) = self.lost_updates {
             l.lost_updates = v;
+        }
+        if let Some(v) = self.max_history_bytes {
+            l.max_history_bytes = v;
         }
         l
     }

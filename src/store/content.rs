@@ -117,6 +117,11 @@ impl<F: BlobTable, D: BlobTable> Blobs<F, D> {
         }
     }
 
+    /// The bytes of blob `id`'s stored value (0 when there is none).
+    pub(super) fn stored_len(&self, id: u64) -> Result<u64, StoreError> {
+        Ok(self.get(id)?.map_or(0, |v| v.value().len() as u64))
+    }
+
     /// Every blob's id and stored value: full ones, then deltas.
     fn for_each(
         &self,
@@ -462,7 +467,7 @@ impl WriteTxn<'_> {
     }
 
     /// The tables blobs are in, open for writing (no other open of them may overlap).
-    fn blobs(&self) -> Result<WriteBlobs<'_>, StoreError> {
+    pub(super) fn blobs(&self) -> Result<WriteBlobs<'_>, StoreError> {
         Ok(Blobs {
             full: self.tx.open_table(BLOBS).map_err(map_err)?,
             deltas: Some(self.tx.open_table(BLOB_DELTAS).map_err(map_err)?),

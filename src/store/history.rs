@@ -470,7 +470,8 @@ impl ReadTxn {
         match self.first_seq()? {
             Some(first) if first <= seq + 1 => Ok(()),
             Some(first) => Err(StoreError::Io(format!(
-                "history before record {first} has expired (--keep-history); the oldest point is {}",
+                "history before record {first} is no longer kept (--keep-history, \
+                 --max-history-bytes); the oldest point is {}",
                 first - 1
             ))),
             None => Err(StoreError::Io(
@@ -1134,6 +1135,22 @@ pub(crate) fn index_value(u: &Undo) -> Vec<u8> {
     }
 }
 
+/// An upper bound of the bytes record `r`, whose stored values take `stored` bytes, keeps in
+/// the store: its values, its index rows (which hold its before-images again) and their keys,
+/// and a whole chunk for every chunk it names (see `budget`).
+fn history_bound(r: &HistoryRecord, stored: u64) -> u64 {
+    let chunks = r
+        .undo
+        .iter()
+        .filter(|u| matches!(u, Undo::Filemap { old: Some(_), .. }))
+        .count() as u64;
+    let rows = (r.undo.len() + r.paths.len() + 1) as u64 * 64;
+    stored
+        .saturating_mul(3)
+        .saturating_add(rows)
+        .saturating_add(chunks.saturating_mul(CHUNK_SIZE + 64))
+}
+
 impl WriteTxn<'_> {
     /// Stops recording before-images: for transactions that are not user operations
     /// (applying history to a scratch copy, dropping expired history).
@@ -1220,7 +1237,8 @@ impl WriteTxn<'_> {
                 conflict: info.conflict,
                 folded,
             };
-            let inline = self.put_record_whole(&record)?;
+            let (inline, bytes) = self.put_record_whole(&record)?;
+            self.store.history_grew(history_bound(&record, bytes));
             let from = self.new_inos_from.get().unwrap_or(u64::MAX);
             self.index_record_with(&record, inline, |ino| ino >= from || Some(ino) == source)?;
             self.expire_some(now)?;
@@ -1826,43 +1844,62 @@ impl WriteTxn<'_> {
     }
 
     /// Removes record `seq`, its parts and its index entries, releasing the blobs its
-    /// before-images kept alive: one part at a time.
-    fn drop_record(&mut self, seq: u64) -> Result<(), StoreError> {
+    /// before-images kept alive: one part at a time. Returns about the bytes that frees, for
+    /// history's budget (`budget`): the record's stored values twice over (its index rows
+    /// hold its before-images again) and the stored bytes of every blob it named (an upper
+    /// bound: another record or the current content may still hold one).
+    pub(super) fn drop_record(&mut self, seq: u64) -> Result<u64, StoreError> {
         let r = self
             .record_header(seq)?
             .ok_or_else(|| corrupt("history record", seq))?;
         self.step(1 + r.undo_len + r.paths.len() as u64);
-        let release = |w: &mut Self, undo: &[Undo]| -> Result<(), StoreError> {
+        let release = |w: &mut Self, undo: &[Undo]| -> Result<u64, StoreError> {
+            let mut blob_bytes = 0u64;
+            let blobs = w.blobs()?;
+            for u in undo {
+                if let Undo::Filemap { old: Some(b), .. } = u {
+                    blob_bytes += blobs.stored_len(*b)?;
+                }
+            }
+            drop(blobs);
             for u in undo {
                 if let Undo::Filemap { old: Some(b), .. } = u {
                     w.blob_unref(*b);
                 }
             }
-            w.unindex_entries(seq, undo)
+            w.unindex_entries(seq, undo)?;
+            Ok(blob_bytes)
         };
+        let mut freed = 0u64;
         match r.undo_parts {
-            None => release(self, &r.undo)?,
+            None => freed += release(self, &r.undo)?,
             Some(n) => {
                 for p in 0..n {
                     let entries = self.undo_part(seq, p)?;
-                    release(self, &entries)?;
-                    self.tx
+                    freed += release(self, &entries)?;
+                    let gone = self
+                        .tx
                         .open_table(HISTORY_UNDO)
                         .map_err(map_err)?
                         .remove((seq, p))
-                        .map_err(map_err)?;
+                        .map_err(map_err)?
+                        .map_or(0, |v| v.value().len() as u64);
+                    freed += 2 * gone;
                     redo_del(&self.redo, HISTORY_UNDO, &(seq, p));
                 }
             }
         }
         self.unindex_header(&r)?;
-        self.tx
+        let gone = self
+            .tx
             .open_table(HISTORY)
             .map_err(map_err)?
             .remove(seq)
-            .map_err(map_err)?;
+            .map_err(map_err)?
+            .map_or(0, |v| v.value().len() as u64);
+        freed += 2 * gone;
         redo_del(&self.redo, HISTORY, &seq);
-        Ok(())
+        Ok(freed)
     }
 
     /// Drops up to `max` records older than `cutoff` (ns since the epoch).
@@ -2039,17 +2076,22 @@ impl WriteTxn<'_> {
         self.put_record_whole(r).map(|_| ())
     }
 
-    /// `put_record`; whether the record went in one value (inline).
-    fn put_record_whole(&mut self, r: &HistoryRecord) -> Result<bool, StoreError> {
+    /// `put_record`; whether the record went in one value (inline), and the bytes of its
+    /// stored values.
+    fn put_record_whole(&mut self, r: &HistoryRecord) -> Result<(bool, u64), StoreError> {
         let inline = r.encode_inline();
         if inline.len() <= RECORD_INLINE_BYTES {
             self.put_history_value(r.seq, &inline)?;
-            return Ok(true);
+            return Ok((true, inline.len() as u64));
         }
-        let n = undo_parts::<StoreError>(&r.undo, |p, bytes| self.put_part(r.seq, p, bytes))?;
+        let mut stored = 0u64;
+        let n = undo_parts::<StoreError>(&r.undo, |p, bytes| {
+            stored += bytes.len() as u64;
+            self.put_part(r.seq, p, bytes)
+        })?;
         let bytes = r.encode_header_v2(r.undo.len() as u64, n);
         self.put_history_value(r.seq, &bytes)?;
-        Ok(false)
+        Ok((false, stored + bytes.len() as u64))
     }
 
     /// Rewrites a version-2 record's header (its parts unchanged).

@@ -23,6 +23,7 @@
 //! `fault` the failures the tests inject.
 
 mod batch;
+mod budget;
 mod commit;
 mod content;
 mod copy;
@@ -270,6 +271,11 @@ pub struct Store {
     keep_history_ns: AtomicU64,
     /// Free bytes on the disk under the store, as the last commit saw them.
     disk_free: AtomicU64,
+    /// The bytes history may keep (0: no bound), what it keeps as far as this daemon knows
+    /// (see `budget`), and the estimate above which a commit measures it.
+    history_budget: AtomicU64,
+    history_estimate: AtomicU64,
+    history_measure_above: AtomicU64,
     /// No history record is older than this (ns since the epoch), as the last look for
     /// expired records found: each commit's expiry skips its look while its cutoff has not
     /// passed it (see `WriteTxn::expire_history`).
