@@ -122,7 +122,8 @@ pub(super) struct Mount {
     /// Stay attached; SIGINT or SIGTERM unmounts cleanly.
     #[arg(long)]
     pub foreground: bool,
-    /// Write the daemon's log here [default: STORE.log in the background, stderr in the foreground].
+    /// Write the daemon's log here, moved to FILE.1 past 16 MiB [default: STORE.log in the
+    /// background, stderr in the foreground].
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// Let other users enter the mount (permissions are still checked by the kernel).
