@@ -160,7 +160,7 @@ fn sync_and_answer(fs: &Fs, all: Vec<Waiting>) {
     let upto = all.iter().map(|w| w.upto).max().unwrap_or(0);
     let synced = fs.store().sync_to(upto).map_err(Error::Store);
     if let Err(e) = &synced {
-        crate::error_limited!(key: crate::ratelimit::key_of(e); op = "sync", errno = e.errno(), "{e}");
+        crate::error_limited!(key: e.rule(); op = "sync", errno = e.errno(), "{e}");
     }
     let synced = synced.map_err(|e| Errno::from_i32(e.errno()));
     for w in all {
@@ -196,24 +196,28 @@ impl FuseFs {
         self.syncer.answer(&self.fs, upto, result, reply);
     }
 
-    /// Logs a failed request once and answers it with its errno.
+    /// Logs a failed request once and answers it with its errno. Refusals and failures are
+    /// rate-limited by the rule broken (`Error::rule`), never by their message, which names
+    /// what the client chose; the path is walked only for a line that is logged.
     fn fail(&self, op: &str, ino: u64, name: Option<&OsStr>, e: &Error) -> Errno {
         let errno = e.errno();
         if e.is_expected() && !tracing::enabled!(tracing::Level::DEBUG) {
             // ENOENT on a lookup is an answer, not a refusal: no log line, no path walk.
             return Errno::from_i32(errno);
         }
-        let path = self.fs.path_of(ino);
-        let path = match name {
-            Some(n) => format!("{}/{}", path.trim_end_matches('/'), n.to_string_lossy()),
-            None => path,
+        let path = || {
+            let path = self.fs.path_of(ino);
+            match name {
+                Some(n) => format!("{}/{}", path.trim_end_matches('/'), n.to_string_lossy()),
+                None => path,
+            }
         };
         if e.is_expected() {
-            tracing::debug!(op, path, errno, "{e}");
+            tracing::debug!(op, path = path(), errno, "{e}");
         } else if matches!(e, Error::Store(_) | Error::Poisoned) {
-            crate::error_limited!(key: crate::ratelimit::key_of(e); op, path, errno, "{e}");
+            crate::error_limited!(key: e.rule(); op, path = path(), errno, "{e}");
         } else {
-            crate::warn_limited!(key: crate::ratelimit::key_of(e); op, path, errno, "refused: {e}");
+            crate::warn_limited!(key: e.rule(); op, path = path(), errno, "refused: {e}");
         }
         Errno::from_i32(errno)
     }

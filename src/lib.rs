@@ -3,8 +3,10 @@
 //! lifecycle), `control` (the daemon's socket), `fuse` (the only module naming fuser), `fs`
 //! (filesystem semantics, testable without a mount), `store` (the only module naming redb);
 //! `private` creates every file redbfs keeps on the host, private and never through a symlink;
-//! `process` tells processes apart by pid and start time; `ratelimit` keeps repeated log lines to one per interval; `notify` tells systemd when the
-//! mount is ready and when it stops; `tools` are the operations on a store file (snapshot,
+//! `process` tells processes apart by pid and start time; `ratelimit` keeps repeated log lines
+//! to one per rule and interval, and `logfile` keeps the daemon's log file to a bounded size
+//! (`STORE.log` and `STORE.log.1`); `notify` tells systemd when the mount is ready and when it
+//! stops; `tools` are the operations on a store file (snapshot,
 //! export, import, history ...) the CLI and the control socket share; `replica` ships a
 //! mounted store's commits to object storage and restores from there.
 
@@ -13,6 +15,7 @@ pub mod cli;
 pub mod control;
 pub mod fs;
 pub mod fuse;
+pub mod logfile;
 pub mod mount;
 pub mod notify;
 pub mod private;

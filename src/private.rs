@@ -1,8 +1,9 @@
 //! Files redbfs creates on the host: private from the first byte and never reached through a
-//! symlink. Every file it makes (the store, its write-ahead log, the daemon's log, the control
-//! socket, a snapshot and its temporary file, an export) is created here with mode 0600
-//! whatever the umask, with `O_NOFOLLOW`, and with `O_EXCL` where it must be new; a store
-//! is kept only in a directory no other user can plant a file in (see `check_store_dir`).
+//! symlink. Every file it makes (the store, its write-ahead log, the daemon's log and the file
+//! it starts anew, the control socket, a snapshot and its temporary file, an export) is
+//! created here with mode 0600 whatever the umask, with `O_NOFOLLOW`, and with `O_EXCL` where
+//! it must be new; a store is kept only in a directory no other user can plant a file in (see
+//! `check_store_dir`).
 //! The one kind of file meant for others, a page written into a directory (`redbfs man
 //! --out-dir`), is mode 0644 and replaces what is at its name, never writing through it
 //! (`publish`).
@@ -118,6 +119,12 @@ pub fn open_append(path: &Path) -> io::Result<File> {
     let f = opts().append(true).create(true).open(path)?;
     regular(&f)?;
     Ok(f)
+}
+
+/// Creates a new file at `path` for appending: mode 0600, refusing anything already there, a
+/// symlink included (the daemon's log, started anew when full).
+pub fn create_new_append(path: &Path) -> io::Result<File> {
+    opts().append(true).create_new(true).open(path)
 }
 
 /// Opens the existing regular file at `path` for reading; never follows a symlink.

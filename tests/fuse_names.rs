@@ -107,6 +107,52 @@ fn each_name_rule_has_its_errno_and_a_log_line() {
     assert!(log.contains("op=\"lookup\""), "{log}");
 }
 
+/// Regression: refusals were rate-limited by their message, which names what the caller chose
+/// (a name's length, a control character), and each call site remembered 64 messages, a new
+/// one logged at once. Any process on the mount (another user's, with `--allow-other`) cycling
+/// through 200 name lengths had every refusal logged: 20,000 stats grew the log by 9.4 MB in
+/// 0.7 s. Now each refusal still gets its errno, and each rule one line per interval, however
+/// the names vary.
+#[test]
+fn refusals_varied_by_the_caller_are_logged_once_per_rule() {
+    if !fuse_available() {
+        return;
+    }
+    let m = TestMount::new();
+    let mp = &m.mountpoint;
+    let before = m.log_text();
+    let started = std::time::Instant::now();
+    let rounds = 12;
+    for _ in 0..rounds {
+        // 200 lengths, 31 control characters: more messages than any table of them holds.
+        for len in 256..456 {
+            assert_eq!(stat_errno(&named(mp, &vec![b'x'; len])), libc::ENAMETOOLONG);
+        }
+        for c in 1u8..32 {
+            assert_eq!(stat_errno(&named(mp, &[b'a', c, b'b'])), libc::EINVAL);
+        }
+    }
+    let elapsed = started.elapsed();
+    let log = m.log_text();
+    let grown = &log[before.len()..];
+    let count = |rule: &str| grown.lines().filter(|l| l.contains(rule)).count();
+    let too_long = count("over the limit of 255");
+    let control = count("name contains control character");
+    // One line per rule, and one more for each interval the loop outlasted on a slow machine
+    // (each carrying `suppressed=N`); never one per message.
+    let allowed = 1 + (elapsed.as_secs() / redbfs::ratelimit::INTERVAL.as_secs()) as usize;
+    assert!(
+        (1..=allowed).contains(&too_long) && (1..=allowed).contains(&control),
+        "{too_long} lines for names too long, {control} for control characters, after \
+         {} refusals in {elapsed:?}:\n{grown}",
+        rounds * 231
+    );
+    assert!(
+        grown.lines().count() <= 2 * allowed,
+        "only the refusals' lines:\n{grown}"
+    );
+}
+
 #[test]
 fn nfd_and_nfc_spellings_are_one_entry() {
     if !fuse_available() {

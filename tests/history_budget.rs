@@ -116,15 +116,20 @@ fn a_quota_bounds_the_store_file_through_history() {
         "--json",
     ])))
     .unwrap();
-    assert_eq!(status["history_budget"], 2 << 20);
+    assert_eq!(
+        status["history_budget"],
+        16 << 20,
+        "the quota, but at least 16 MiB"
+    );
     let log = ok(redbfs(&["log", m.mountpoint.to_str().unwrap()]));
     m.unmount();
-    // The budget (2 MiB, the quota) + the content (1 MiB) + the version being written while
-    // the one it replaces is still held (1 MiB) + 4 MiB for redb: its page and region
-    // overhead, and pages a commit frees that it hands out only after the next durable
-    // commit. Without the budget this workload leaves about 200 MB.
+    // Twice the budget (16 MiB: the 2 MiB quota, raised to the least a quota gives history;
+    // history grows a quarter past it between measures, and the file keeps the pages it
+    // freed for reuse) + the content (1 MiB) + the version being written while the one it
+    // replaces is still held (1 MiB) + 6 MiB for redb's page and region overhead. Without
+    // the budget this workload leaves about 140 MB.
     let bytes = std::fs::metadata(&m.store).unwrap().len();
-    assert!(bytes < 8 << 20, "store file of {bytes} bytes");
+    assert!(bytes < 40 << 20, "store file of {bytes} bytes");
     let newest = log.lines().next().unwrap_or_default();
     assert!(
         newest.starts_with("@100 ") && newest.contains("write") && newest.contains("/f.bin"),

@@ -631,6 +631,20 @@ fn export_never_writes_over_a_store_and_leaves_nothing_when_it_fails() {
         redbfs(&["export", s(&store), "--tar", s(&store)]),
         "export never writes over it",
     );
+    // The daemon's log and the file it moves to when full (`STORE.log.1`) are kept beside
+    // the store as well.
+    for suffix in [".log", ".log.1"] {
+        let kept = dir.path().join(format!("s.redb{suffix}"));
+        std::fs::write(&kept, "a line of the daemon's log\n").unwrap();
+        refused(
+            redbfs(&["export", s(&store), "--tar", s(&kept), "--force"]),
+            "export never writes over it",
+        );
+        assert_eq!(
+            std::fs::read_to_string(&kept).unwrap(),
+            "a line of the daemon's log\n"
+        );
+    }
     assert_eq!(std::fs::read(&other).unwrap(), before);
     assert_eq!(ok(redbfs(&["cat", s(&store), "/notes.md"])), "v1");
 

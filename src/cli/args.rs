@@ -122,7 +122,8 @@ pub(super) struct Mount {
     /// Stay attached; SIGINT or SIGTERM unmounts cleanly.
     #[arg(long)]
     pub foreground: bool,
-    /// Write the daemon's log here [default: STORE.log in the background, stderr in the foreground].
+    /// Write the daemon's log here, moved to FILE.1 past 16 MiB [default: STORE.log in the
+    /// background, stderr in the foreground].
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// Let other users enter the mount (permissions are still checked by the kernel).
@@ -174,7 +175,7 @@ pub(super) struct Mount {
     #[arg(long, value_parser = duration_in(0, MAX_RETENTION_NS))]
     pub keep_history: Option<u64>,
     /// Bytes history may keep, e.g. 4G; past it the oldest records are shed. 0 for the
-    /// default. Kept in the store [default: the --quota, or 1G without one].
+    /// default. Kept in the store [default: the --quota (at least 16M), or 1G without one].
     #[arg(long, value_parser = size_in(0, MAX_BYTES))]
     pub max_history_bytes: Option<u64>,
     /// Replicate the store continuously to object storage: s3://BUCKET/PREFIX, gs://..,

@@ -189,11 +189,12 @@ fn init_logging(verbose: u8, log_file: Option<&Path>) -> Result<(), String> {
     match log_file {
         Some(p) => {
             // Mode 0600 when created; a symlink planted at the log's name is never followed.
-            let f = crate::private::open_append(p)
+            // Past its size the log moves to LOG.1 and starts anew (`logfile`).
+            let f = crate::logfile::LogFile::open(p)
                 .map_err(|e| format!("log file {}", crate::private::describe(p, e)))?;
             tracing_subscriber::registry()
                 .with(filter)
-                .with(layer.with_ansi(false).with_writer(std::sync::Mutex::new(f)))
+                .with(layer.with_ansi(false).with_writer(f))
                 .init();
         }
         None => tracing_subscriber::registry()

@@ -191,8 +191,8 @@ fn import_into_file(
 }
 
 /// Refuses an output file that is a store, a write-ahead log, or a file kept beside the store
-/// being read (its log, its socket), whatever `--force` says: same device and inode, or a
-/// store's magic number.
+/// being read (its log and the log's previous file, its socket), whatever `--force` says: same
+/// device and inode, or a store's magic number.
 fn refuse_overwriting_a_store(out: &Path, store: &Path) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let Ok(m) = std::fs::metadata(out) else {
@@ -207,6 +207,7 @@ fn refuse_overwriting_a_store(out: &Path, store: &Path) -> Result<(), String> {
         store.to_path_buf(),
         crate::store::wal::path_of(store),
         beside(".log"),
+        crate::logfile::rotated(&beside(".log")),
         beside(".sock"),
     ];
     let same = kept

@@ -110,6 +110,38 @@ impl Error {
         }
     }
 
+    /// The rule broken or the failure, as a fixed text: the key a refusal's log line is
+    /// rate-limited by. Never the message, which carries what the caller chose (a name's
+    /// length, a character, a path's bytes): keyed by it, a client that varied those had
+    /// every refusal logged.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            Error::NotFound => "not-found",
+            Error::Stale => "stale",
+            Error::Exists => "exists",
+            Error::NotDir => "not-dir",
+            Error::IsDir => "is-dir",
+            Error::NotEmpty => "not-empty",
+            Error::Name(e) => e.rule(),
+            Error::PathTooLong { .. } => "max-path-bytes",
+            Error::TooDeep { .. } => "max-depth",
+            // Words of the code's own, each a rule of its own (a symlink, a FIFO; a rename of
+            // a directory into itself).
+            Error::NotPermitted(what) | Error::Unsupported(what) | Error::Invalid(what) => what,
+            Error::XattrUnsupported => "xattr-unsupported",
+            Error::BadHandle => "bad-handle",
+            Error::FileTooBig { .. } => "max-file-bytes",
+            Error::QuotaExceeded { .. } => "quota",
+            Error::TooManyFiles { .. } => "max-files",
+            Error::DirQuota { .. } => "dir-quota",
+            Error::History(_) => "history",
+            Error::LostUpdate { .. } => "lost-update",
+            Error::ReadOnly => "read-only",
+            Error::Poisoned => "poisoned",
+            Error::Store(e) => e.kind(),
+        }
+    }
+
     /// Whether this is an ordinary answer (ENOENT on a lookup, say) rather than a refusal
     /// worth a warn line.
     pub fn is_expected(&self) -> bool {
@@ -239,5 +271,46 @@ mod tests {
         };
         assert_eq!(q.errno(), libc::EDQUOT);
         assert!(q.to_string().contains("/u1"));
+    }
+
+    /// Regression: refusals were rate-limited by their message, which names what the client
+    /// chose, so 200 name lengths logged 200 different lines over and over. The rule is the
+    /// same whatever the client chose.
+    #[test]
+    fn the_rule_names_no_value_the_client_chose() {
+        let same = |a: Error, b: Error| assert_eq!(a.rule(), b.rule(), "{a} / {b}");
+        same(
+            Error::Name(NameError::TooLong(256)),
+            Error::Name(NameError::TooLong(455)),
+        );
+        same(
+            Error::Name(NameError::Control('\n')),
+            Error::Name(NameError::Control('\u{7f}')),
+        );
+        same(
+            Error::PathTooLong {
+                bytes: 65,
+                limit: 64,
+            },
+            Error::PathTooLong {
+                bytes: 4000,
+                limit: 64,
+            },
+        );
+        same(
+            Error::TooDeep { depth: 9, limit: 8 },
+            Error::TooDeep {
+                depth: 90,
+                limit: 8,
+            },
+        );
+        same(
+            Error::History("no version of /a at that point".into()),
+            Error::History("no version of /b at that point".into()),
+        );
+        assert_ne!(
+            Error::Name(NameError::TooLong(256)).rule(),
+            Error::Name(NameError::Control('\n')).rule()
+        );
     }
 }

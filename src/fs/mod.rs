@@ -132,20 +132,24 @@ pub struct Limits {
 /// and a bound on a runaway that rewrites large files in a loop.
 pub const DEFAULT_MAX_HISTORY_BYTES: u64 = 1 << 30;
 
+/// History's budget at the least under a quota: a quota of a few KiB (as a test or a tight
+/// per-agent limit sets) would otherwise leave history a few edits deep.
+pub const MIN_QUOTA_HISTORY_BYTES: u64 = 16 << 20;
+
 /// Four files at the default size cap may be buffered in memory at once.
 fn default_max_buffer() -> u64 {
     1 << 30
 }
 
 impl Limits {
-    /// The bytes history may keep: `--max-history-bytes` when set; else the quota, so that
-    /// the store file stays within about twice the quota (content and its history) and a
-    /// client held by the quota cannot fill the disk through history; else
-    /// `DEFAULT_MAX_HISTORY_BYTES`.
+    /// The bytes history may keep: `--max-history-bytes` when set; else the quota (at least
+    /// `MIN_QUOTA_HISTORY_BYTES`), so that the store file stays within about twice the quota
+    /// (content and its history) and a client held by the quota cannot fill the disk through
+    /// history; else `DEFAULT_MAX_HISTORY_BYTES`.
     pub fn history_budget(&self) -> u64 {
         match (self.max_history_bytes, self.quota_bytes) {
             (0, 0) => DEFAULT_MAX_HISTORY_BYTES,
-            (0, q) => q,
+            (0, q) => q.max(MIN_QUOTA_HISTORY_BYTES),
             (m, _) => m,
         }
     }

@@ -114,6 +114,26 @@ pub enum NameError {
 }
 
 impl NameError {
+    /// The rule broken, as a fixed text: what refusals are rate-limited by in the log. The
+    /// message (`Display`) carries what the caller chose (a length, a character), so a client
+    /// could vary it at will.
+    pub fn rule(&self) -> &'static str {
+        match self {
+            NameError::NotUtf8 => "name-not-utf8",
+            NameError::Empty => "name-empty",
+            NameError::Slash => "name-slash",
+            NameError::Dot => "name-dot",
+            NameError::Control(_) => "name-control-character",
+            NameError::Format(_) => "name-format-character",
+            NameError::Invisible(_) => "name-invisible-character",
+            NameError::TooLong(_) => "name-too-long",
+            NameError::PortableChar(_) => "portable-character",
+            NameError::PortableTrailing => "portable-trailing",
+            NameError::PortableReserved => "portable-reserved",
+            NameError::PortableCaseClash => "portable-case-clash",
+        }
+    }
+
     /// The errno a caller sees.
     pub fn errno(&self) -> i32 {
         match self {

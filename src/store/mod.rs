@@ -119,6 +119,27 @@ pub enum StoreError {
     Retry,
 }
 
+impl StoreError {
+    /// The failure, as a fixed text: what these are rate-limited by in the daemon's log
+    /// (the message names inodes, paths or the engine's words).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::AlreadyOpen(_) => "store-already-open",
+            StoreError::UnknownFormat { .. } => "store-unknown-format",
+            StoreError::Corrupt(_) => "store-corrupt",
+            StoreError::Full => "store-full",
+            StoreError::NoRoom => "store-no-room",
+            StoreError::Io(_) => "store-io",
+            StoreError::Refused(_) => "store-refused",
+            StoreError::Checksum { .. } => "store-checksum",
+            StoreError::ReadOnly => "store-read-only",
+            StoreError::NeedsWriting { .. } => "store-needs-writing",
+            StoreError::DirQuota { .. } => "store-dir-quota",
+            StoreError::Retry => "store-retry",
+        }
+    }
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
