@@ -457,6 +457,41 @@ fn an_idle_daemon_does_not_wake() {
     );
 }
 
+/// A mount waits for a store another process holds while no mount serves it (a daemon whose
+/// mount was just unmounted, still closing it; here, this test), instead of failing at once:
+/// `umount; mount` in a script met the store still open.
+#[test]
+fn a_mount_waits_for_a_store_another_process_is_closing() {
+    if !fuse_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mnt) = (dir.path().join("s.redb"), dir.path().join("m"));
+    std::fs::create_dir(&mnt).unwrap();
+    let held = redbfs::store::Store::open_or_create(&store, (0, 0)).unwrap();
+    let mount = std::process::Command::new(common::redbfs_bin())
+        .arg("mount")
+        .arg(&mnt)
+        .arg("--store")
+        .arg(&store)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The mount is waiting on the store; the holder closes it.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(held);
+    let out = mount.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(mnt.join("a.md"), "after").unwrap();
+    ok(redbfs(&["unmount", mnt.to_str().unwrap()]));
+    assert_eq!(ok(redbfs(&["cat", store.to_str().unwrap(), "/a.md"])), "after");
+}
+
 /// The daemon's resident memory, in KiB.
 fn rss_kib(pid: u64) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod created;
 mod device;
@@ -172,6 +172,31 @@ fn prepare_mountpoint(mp: &Path, created: &mut Created) -> Result<(), String> {
     Ok(())
 }
 
+/// How long a mount waits for a store another process holds while no mount serves it: a
+/// daemon whose mount was just unmounted is still committing and closing it (`umount` returns
+/// before the daemon exits, so `umount; mount` in a script met a store still open), or a tool
+/// (`check`, an unmounted `snapshot`) is reading it.
+const CLOSED_WITHIN: Duration = Duration::from_secs(30);
+
+/// `open`, tried again while the store is open in another process that no mount serves, for
+/// at most `CLOSED_WITHIN`; a store a live mount serves is refused at once.
+fn once_closed(
+    store_path: &Path,
+    open: impl Fn() -> Result<Store, StoreError>,
+) -> Result<Store, StoreError> {
+    let until = Instant::now() + CLOSED_WITHIN;
+    loop {
+        match open() {
+            Err(StoreError::AlreadyOpen(_))
+                if Instant::now() < until && mountpoint_of_store(store_path).is_none() =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn open_store(
     store_path: &Path,
     overrides: &LimitOverrides,
@@ -189,15 +214,17 @@ fn open_store(
                 mp.display()
             ),
             None => format!(
-                "store {} is already opened by another process",
-                store_path.display()
+                "store {} is already opened by another process (waited {} s for it to close)",
+                store_path.display(),
+                CLOSED_WITHIN.as_secs()
             ),
         },
         other => other.to_string(),
     };
     if read_only {
         // Opened with redb's read-only handle: nothing is created, recovered or migrated.
-        let store = Store::open_read_only(store_path).map_err(already_open)?;
+        let store =
+            once_closed(store_path, || Store::open_read_only(store_path)).map_err(already_open)?;
         let limits = overrides.apply(Limits::stored(&store));
         return Ok((store, limits));
     }
@@ -211,7 +238,8 @@ fn open_store(
         nix::unistd::getuid().as_raw(),
         nix::unistd::getgid().as_raw(),
     );
-    let store = Store::open_or_create(store_path, owner).map_err(already_open)?;
+    let store = once_closed(store_path, || Store::open_or_create(store_path, owner))
+        .map_err(already_open)?;
     if !existed {
         created.record(store_path);
     }
