@@ -21,6 +21,13 @@
 //! stream that closes before its end line was cut short: what came is not the whole file.
 //! Without `"stream"`, `cat` and `show` answer in one line only for a file of at most
 //! `tools::WHOLE_CONTENT_MAX` bytes.
+//! `{"op":"ls"|"tree"|"unused",...,"stream":true}` streams a listing: a refusal is one
+//! `{"ok":false,...}` line; otherwise pages, each a line `{"ok":true,"streamed":true,KEY:[...]}`
+//! (KEY `entries`, `tree` or `files`; the entries as the one-line answer's array holds them,
+//! about `LISTING_PAGE_BYTES` of them a page), then `{"ok":true,"end":true}`, or
+//! `{"ok":false,"error":...}` if the walk failed on the way. A stream that closes before its
+//! end line was cut short: what came is not the whole listing. Without `"stream"`, a listing
+//! is answered in one line only up to `tools::WHOLE_LISTING_MAX` bytes of JSON.
 //!
 //! Limits, so no client can exhaust the daemon: `MAX_CONNECTIONS` served at once, request
 //! lines of at most `MAX_LINE` bytes in UTF-8, `IDLE` seconds without a request or without
@@ -29,7 +36,9 @@
 //! is written, so a client that stops reading pins no version of the store, and is dropped
 //! after `IDLE`. A content stream holds one read transaction to its end line, so its client
 //! gets one version of the file; one that stops reading is dropped after `IDLE`, which ends
-//! it, and so does the daemon shutting down.
+//! it, and so does the daemon shutting down. A listing stream likewise holds one read
+//! transaction to its end line (one version of the tree: a directory renamed meanwhile is
+//! listed once), and of the listing only its walk's cursors (`tools::Walk`) and one page.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -373,6 +382,36 @@ impl Daemon {
         }
     }
 
+    /// Streams the listing `ls`, `tree` or `unused` asks for (see the module comment) in
+    /// pages of at most about `LISTING_PAGE_BYTES`, from one read transaction held until the
+    /// end line, so that the listing is of one version of the store (a directory renamed
+    /// meanwhile is listed once, where it was); what is held besides is the walk's bounded
+    /// state (`tools::Walk`) and one page. Err when the client went away or stopped reading
+    /// for `IDLE`.
+    fn stream_listing(&self, req: &Value, out: &mut UnixStream) -> std::io::Result<()> {
+        let Some(key) = tools::listing_key(req) else {
+            return send(out, &json!({"ok": false, "error": "not a listing"}));
+        };
+        let mut page = ListingOut {
+            daemon: self,
+            out,
+            head: format!(r#"{{"ok":true,"streamed":true,"{key}":["#).into_bytes(),
+            page: Vec::new(),
+            gone: Ok(()),
+        };
+        let streamed = self.fs().and_then(|fs| {
+            fs.reclaim_queued();
+            let r = fs.store().read().map_err(|e| e.to_string())?;
+            tools::listing(&r, req, &mut |item| page.item(item))?;
+            page.flush()
+        });
+        page.gone?;
+        match streamed {
+            Ok(()) => send(out, &json!({"ok": true, "end": true})),
+            Err(e) => send(out, &json!({"ok": false, "error": e})),
+        }
+    }
+
     /// Whether the daemon has begun to shut down (`take_fs`): a stream still running stops.
     fn shutting_down(&self) -> bool {
         self.fs.read().unwrap_or_else(|p| p.into_inner()).is_none()
@@ -420,6 +459,7 @@ impl Daemon {
             let sent = match req {
                 Ok(req) if is_log_stream(&req) => self.stream_log(&req, &mut out),
                 Ok(req) if is_content_stream(&req) => self.stream_content(&req, &mut out),
+                Ok(req) if is_listing_stream(&req) => self.stream_listing(&req, &mut out),
                 Ok(req) if wants_keepalive(&req) => {
                     answer_with_keepalives(&mut out, KEEPALIVE, || self.handle(&req))
                 }
@@ -562,6 +602,61 @@ impl tools::ContentSink for ContentOut<'_> {
         let written = self.out.write_all(&self.frame);
         self.sent(written)
     }
+}
+
+/// How much JSON a page of a streamed listing holds before it is sent (one entry more at
+/// most): what a listing costs the daemon beyond its walk, whatever its length.
+pub const LISTING_PAGE_BYTES: usize = 64 * 1024;
+
+/// A listing on its way to a client (see the module comment): its entries gathered into a
+/// page, sent as one line when it is full and at the end. A write that failed is kept in
+/// `gone` and ends the stream.
+struct ListingOut<'a> {
+    daemon: &'a Daemon,
+    out: &'a mut UnixStream,
+    /// What each page line begins with, up to its array of entries.
+    head: Vec<u8>,
+    /// The page being filled: `head` and the entries so far; empty when none is.
+    page: Vec<u8>,
+    gone: std::io::Result<()>,
+}
+
+impl ListingOut<'_> {
+    fn item(&mut self, json: &[u8]) -> Result<(), String> {
+        if self.page.is_empty() {
+            self.page.extend_from_slice(&self.head);
+        } else {
+            self.page.push(b',');
+        }
+        self.page.extend_from_slice(json);
+        if self.page.len() >= LISTING_PAGE_BYTES {
+            return self.flush();
+        }
+        Ok(())
+    }
+
+    /// Sends the page being filled, if any.
+    fn flush(&mut self) -> Result<(), String> {
+        if self.page.is_empty() {
+            return Ok(());
+        }
+        if self.daemon.shutting_down() {
+            return Err("the daemon is shutting down".into());
+        }
+        self.page.extend_from_slice(b"]}\n");
+        let written = self.out.write_all(&self.page);
+        self.page.clear();
+        let outcome = match &written {
+            Ok(()) => Ok(()),
+            Err(e) => Err(format!("control socket: {e}")),
+        };
+        self.gone = written;
+        outcome
+    }
+}
+
+fn is_listing_stream(req: &Value) -> bool {
+    tools::listing_key(req).is_some() && req.get("stream").and_then(Value::as_bool) == Some(true)
 }
 
 fn is_content_stream(req: &Value) -> bool {
@@ -926,6 +1021,42 @@ impl Client {
         Err("the thread reading the content stopped before its end".into())
     }
 
+    /// `ls`, `tree` or `unused` (`req`, asked for as a stream): hands `item` each entry of
+    /// the listing as it arrives, a page at a time, each as its one-line answer's array held
+    /// it. A daemon of an earlier release answers in one line, handed on the same way. As
+    /// `content` does, a thread of its own reads the socket as fast as the daemon sends, so
+    /// an output that waits (a pager left open) never holds the daemon's read transaction;
+    /// what `item` has not taken yet waits in this process's memory. Err when the daemon
+    /// refuses, when the walk failed on the way, or when the stream ends before its end
+    /// line: what `item` was given is then not the whole listing, and the message says so.
+    pub fn listing(
+        mut self,
+        req: &Value,
+        item: &mut dyn FnMut(Value) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let key = tools::listing_key(req).ok_or("not a listing")?;
+        let mut req = req.clone();
+        req["stream"] = json!(true);
+        self.send(&req)?;
+        let mut reader = self.reader;
+        let (tx, rx) = std::sync::mpsc::channel::<Result<Option<Value>, String>>();
+        std::thread::Builder::new()
+            .name("listing".into())
+            .spawn(move || {
+                let mut pass = |e: Value| tx.send(Ok(Some(e))).map_err(|e| e.to_string());
+                let ended = read_listing(&mut reader, key, &mut pass);
+                let _ = tx.send(ended.map(|()| None));
+            })
+            .map_err(|e| format!("a thread to read the listing: {e}"))?;
+        for received in rx {
+            match received? {
+                Some(e) => item(e)?,
+                None => return Ok(()),
+            }
+        }
+        Err("the thread reading the listing stopped before its end".into())
+    }
+
     fn send(&mut self, req: &Value) -> Result<(), String> {
         let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
         line.push(b'\n');
@@ -1078,6 +1209,67 @@ fn stream_line(r: &mut impl BufRead) -> Result<Vec<u8>, String> {
     Ok(line)
 }
 
+/// Reads a listing's answer: its pages, each handed to `item` an entry at a time, until its
+/// end line; or (a daemon of an earlier release) the whole listing in one line. Err when the
+/// daemon refuses or reports an error, or when the stream ends before its end line (cut
+/// short: the daemon went away, or dropped this client): never a partial listing taken for a
+/// whole one.
+fn read_listing(
+    r: &mut impl BufRead,
+    key: &str,
+    item: &mut dyn FnMut(Value) -> Result<(), String>,
+) -> Result<(), String> {
+    let mut given = 0u64;
+    let mut first = true;
+    loop {
+        // The first line of an earlier daemon holds the whole listing; a page is bounded.
+        let line = if first {
+            let mut line = Vec::new();
+            r.read_until(b'\n', &mut line)
+                .map_err(|e| format!("control socket: {e}"))?;
+            if line.pop() != Some(b'\n') {
+                return Err(not_listed("the daemon closed the control socket", given));
+            }
+            line
+        } else {
+            stream_line(r).map_err(|e| not_listed(&e, given))?
+        };
+        let mut v: Value =
+            serde_json::from_slice(&line).map_err(|e| format!("bad response: {e}"))?;
+        match v.get("ok").and_then(Value::as_bool) {
+            Some(true) => {}
+            _ if given == 0 => return Err(refusal(v.get("error").and_then(Value::as_str))),
+            _ => {
+                return Err(not_listed(
+                    &refusal(v.get("error").and_then(Value::as_str)),
+                    given,
+                ));
+            }
+        }
+        if v.get("end").and_then(Value::as_bool) == Some(true) {
+            return Ok(());
+        }
+        let streamed = v.get("streamed").and_then(Value::as_bool) == Some(true);
+        let Some(Value::Array(entries)) = v.get_mut(key).map(Value::take) else {
+            return Err("bad response: a line of a listing not understood".into());
+        };
+        for e in entries {
+            item(e)?;
+            given += 1;
+        }
+        if first && !streamed {
+            return Ok(());
+        }
+        first = false;
+    }
+}
+
+/// What a listing that stopped after `given` entries says: `why`, and that what was listed
+/// is not the whole listing.
+pub fn not_listed(why: &str, given: u64) -> String {
+    format!("{why}, after {given} entries: what was listed is not the whole listing")
+}
+
 /// What a read of a file's content that stopped after `got` of its `size` bytes says: `why`,
 /// and that what was written is not the whole file.
 pub fn not_whole(why: &str, got: u64, size: u64) -> String {
@@ -1217,6 +1409,85 @@ mod tests {
                     .into()
             )
         );
+    }
+
+    /// A listing as a daemon streams it: `entries` in pages of `per`, then its end line.
+    fn paged(entries: &[&str], per: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for page in entries.chunks(per) {
+            let page = json!({"ok": true, "streamed": true, "entries": page});
+            out.extend_from_slice(format!("{page}\n").as_bytes());
+        }
+        out.extend_from_slice(b"{\"ok\":true,\"end\":true}\n");
+        out
+    }
+
+    /// What a client reading the listing `stream` hands on, and its outcome.
+    fn listed(stream: &[u8]) -> (Vec<Value>, Result<(), String>) {
+        let mut given = Vec::new();
+        let outcome = read_listing(&mut &stream[..], "entries", &mut |e| {
+            given.push(e);
+            Ok(())
+        });
+        (given, outcome)
+    }
+
+    #[test]
+    fn a_whole_listing_stream_gives_every_entry() {
+        let names = ["a", "b", "c", "d", "e"];
+        let (given, outcome) = listed(&paged(&names, 2));
+        assert_eq!(outcome, Ok(()));
+        assert_eq!(given, names.map(|n| json!(n)));
+        assert_eq!(listed(&paged(&[], 2)), (Vec::new(), Ok(())));
+        // A daemon of an earlier release: the whole listing in one line.
+        let (given, outcome) = listed(b"{\"entries\":[\"a\",\"b\"],\"ok\":true}\n");
+        assert_eq!((given, outcome), (vec![json!("a"), json!("b")], Ok(())));
+    }
+
+    /// A listing stream cut at any byte before the end of its end line fails, having handed
+    /// on a prefix of the listing: never a partial listing taken for a whole one.
+    #[test]
+    fn a_listing_stream_cut_anywhere_before_its_end_line_fails() {
+        let names = ["a", "b", "c", "d", "e"];
+        let stream = paged(&names, 2);
+        for cut in 0..stream.len() {
+            let (given, outcome) = listed(&stream[..cut]);
+            let e = outcome.expect_err(&format!("cut at {cut}"));
+            assert!(
+                e.contains("not the whole listing") || e.starts_with("bad response"),
+                "cut at {cut}: {e}"
+            );
+            assert!(names.map(|n| json!(n)).starts_with(&given), "cut at {cut}");
+        }
+        // Cut at a line's end: the daemon closed the socket after whole pages.
+        let last_page = stream.len() - b"{\"ok\":true,\"end\":true}\n".len();
+        let (given, outcome) = listed(&stream[..last_page]);
+        assert_eq!(given.len(), 5);
+        assert_eq!(
+            outcome,
+            Err(
+                "the daemon closed the control socket, after 5 entries: what was listed is \
+                 not the whole listing"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn an_error_in_a_listing_fails_saying_it_is_not_whole() {
+        let mut stream = paged(&["a", "b"], 2);
+        stream.truncate(stream.len() - b"{\"ok\":true,\"end\":true}\n".len());
+        stream.extend_from_slice(b"{\"ok\":false,\"error\":\"missing inode 9\"}\n");
+        let (given, outcome) = listed(&stream);
+        assert_eq!(given.len(), 2);
+        assert_eq!(
+            outcome,
+            Err(
+                "missing inode 9, after 2 entries: what was listed is not the whole listing".into()
+            )
+        );
+        let refused = listed(b"{\"ok\":false,\"error\":\"/x: no such file\"}\n");
+        assert_eq!(refused, (Vec::new(), Err("/x: no such file".into())));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::json;
 
 use super::args::{Cat, Check, Du, Ls, Quota, Stats, Status, Tree};
-use super::output::{self, Format};
+use super::output::{self, Format, Listing, ListingWriter};
 use super::target::Target;
 use crate::store::ReadOnlyStore;
 
@@ -29,9 +29,16 @@ pub(super) fn status(a: Status) -> Result<i32, String> {
     Ok(0)
 }
 
+/// `ls` and `tree` print each entry as it comes (streamed by the daemon of a mounted store);
+/// `--json` writes its array an entry at a time too.
 pub(super) fn ls(a: Ls) -> Result<i32, String> {
-    let v = Target::resolve(&a.store)?.ask(json!({"op": "ls", "path": a.path}))?;
-    output::ls(&v, a.long, Format::of(a.json));
+    let t = Target::resolve(&a.store)?;
+    let mut out = ListingWriter::new(Listing::Ls { long: a.long }, Format::of(a.json));
+    t.listing(json!({"op": "ls", "path": a.path}), &mut |e| {
+        out.entry(&e);
+        Ok(())
+    })?;
+    out.finish();
     Ok(0)
 }
 
@@ -54,8 +61,13 @@ pub(super) fn cat(a: Cat) -> Result<i32, String> {
 }
 
 pub(super) fn tree(a: Tree) -> Result<i32, String> {
-    let v = Target::resolve(&a.store)?.ask(json!({"op": "tree", "path": a.path}))?;
-    output::tree(&v, Format::of(a.json));
+    let t = Target::resolve(&a.store)?;
+    let mut out = ListingWriter::new(Listing::Tree, Format::of(a.json));
+    t.listing(json!({"op": "tree", "path": a.path}), &mut |e| {
+        out.entry(&e);
+        Ok(())
+    })?;
+    out.finish();
     Ok(0)
 }
 

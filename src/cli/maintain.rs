@@ -16,9 +16,16 @@ pub(super) fn expire(a: Expire) -> Result<i32, String> {
         (None, Some(d)) => time::date_ns(d)?,
         (None, None) => return Err("give --unused-for or --before".into()),
     };
-    let v = t.ask(json!({"op": "unused", "path": a.path, "cutoff_ns": cutoff}))?;
-    let mut files: Vec<(String, i64)> =
-        serde_json::from_value(v["files"].clone()).map_err(|e| e.to_string())?;
+    // Streamed by the daemon of a mounted store; the list is gathered here (this process's
+    // memory), since the removal names every file in one request.
+    let mut files: Vec<(String, i64)> = Vec::new();
+    t.listing(
+        json!({"op": "unused", "path": a.path, "cutoff_ns": cutoff}),
+        &mut |f| {
+            files.push(serde_json::from_value(f).map_err(|e| e.to_string())?);
+            Ok(())
+        },
+    )?;
     if !a.dry_run {
         let paths: Vec<String> = files.iter().map(|(p, _)| p.clone()).collect();
         // One transaction, by the daemon on a mounted store (it tells the kernel what went),

@@ -581,28 +581,98 @@ pub(super) fn imported(report: &Value, f: Format) {
     );
 }
 
-pub(super) fn ls(v: &Value, long: bool, f: Format) {
-    if f == Format::Json {
-        outln!("{}", v["entries"]);
-        return;
-    }
-    for e in v["entries"].as_array().into_iter().flatten() {
-        let name = text(&e["name"]);
-        if long {
-            outln!(
-                "{} {:>10} {} {}",
-                mode_string(
-                    e["kind"].as_str() == Some("dir"),
-                    e["mode"].as_u64().unwrap_or(0) as u32
-                ),
-                e["size"],
-                fmt_time(e["mtime_ns"].as_i64().unwrap_or(0)),
-                name
-            );
-        } else {
-            outln!("{name}");
+/// What a listing prints (`ls`, `ls -l`, `tree`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Listing {
+    Ls { long: bool },
+    Tree,
+}
+
+/// A listing's output, written as its entries arrive: a line each, or with `--json` the
+/// array its one-line answer held (the entries as that array held them, in order), written an
+/// entry at a time: the same bytes as when the answer came whole, none of it held here.
+/// Nothing is written before the first entry, so a refused listing prints nothing.
+pub(super) struct ListingWriter {
+    out: std::io::BufWriter<std::io::Stdout>,
+    what: Listing,
+    format: Format,
+    written: u64,
+}
+
+impl ListingWriter {
+    pub fn new(what: Listing, format: Format) -> ListingWriter {
+        ListingWriter {
+            out: std::io::BufWriter::with_capacity(1 << 16, std::io::stdout()),
+            what,
+            format,
+            written: 0,
         }
     }
+
+    /// Writes one entry.
+    pub fn entry(&mut self, e: &Value) {
+        let written = if self.format == Format::Json {
+            let sep: &[u8] = if self.written == 0 { b"[" } else { b"," };
+            self.out
+                .write_all(sep)
+                .and_then(|()| write!(self.out, "{e}"))
+        } else {
+            match self.what {
+                Listing::Ls { long } => ls_line(&mut self.out, e, long),
+                Listing::Tree => tree_line(&mut self.out, e),
+            }
+        };
+        if let Err(e) = written {
+            output_failed(e);
+        }
+        self.written += 1;
+    }
+
+    /// The end of a whole listing: the array closed with `--json`, and everything flushed.
+    pub fn finish(mut self) {
+        let mut end = || {
+            if self.format == Format::Json {
+                if self.written == 0 {
+                    self.out.write_all(b"[")?;
+                }
+                self.out.write_all(b"]\n")?;
+            }
+            self.out.flush()
+        };
+        if let Err(e) = end() {
+            output_failed(e);
+        }
+    }
+}
+
+fn ls_line(out: &mut dyn Write, e: &Value, long: bool) -> std::io::Result<()> {
+    let name = text(&e["name"]);
+    if long {
+        writeln!(
+            out,
+            "{} {:>10} {} {}",
+            mode_string(
+                e["kind"].as_str() == Some("dir"),
+                e["mode"].as_u64().unwrap_or(0) as u32
+            ),
+            e["size"],
+            fmt_time(e["mtime_ns"].as_i64().unwrap_or(0)),
+            name
+        )
+    } else {
+        writeln!(out, "{name}")
+    }
+}
+
+fn tree_line(out: &mut dyn Write, item: &Value) -> std::io::Result<()> {
+    let depth = item["depth"].as_u64().unwrap_or(0) as usize;
+    let e = &item["entry"];
+    let slash = if e["kind"].as_str() == Some("dir") && e["name"] != "/" {
+        "/"
+    } else {
+        ""
+    };
+    writeln!(out, "{}{}{slash}", "  ".repeat(depth), text(&e["name"]))
 }
 
 /// `cat --json`: `{"content": ...}`, or `{"content_hex": ...}` when the bytes are not UTF-8
@@ -636,23 +706,6 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-pub(super) fn tree(v: &Value, f: Format) {
-    if f == Format::Json {
-        outln!("{}", v["tree"]);
-        return;
-    }
-    for item in v["tree"].as_array().into_iter().flatten() {
-        let depth = item["depth"].as_u64().unwrap_or(0) as usize;
-        let e = &item["entry"];
-        let slash = if e["kind"].as_str() == Some("dir") && e["name"] != "/" {
-            "/"
-        } else {
-            ""
-        };
-        outln!("{}{}{slash}", "  ".repeat(depth), text(&e["name"]));
-    }
 }
 
 pub(super) fn du(v: &Value, path: &str, f: Format) {

@@ -140,6 +140,31 @@ impl Target {
         }
     }
 
+    /// `ls`, `tree` or `unused` (`req`): each entry of the listing handed to `item` as it is
+    /// read, as the one-line answer's array held it; streamed by the daemon when mounted,
+    /// else read from the file in one transaction, a directory's page at a time either way.
+    pub fn listing(
+        &self,
+        req: Value,
+        item: &mut dyn FnMut(Value) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if self.is_mounted() {
+            return self.daemon()?.listing(&req, item);
+        }
+        let mut given = 0u64;
+        let read = self.read(|_, r| {
+            tools::listing(r, &req, &mut |json| {
+                item(serde_json::from_slice(json).map_err(|e| e.to_string())?)?;
+                given += 1;
+                Ok(())
+            })
+        });
+        match read {
+            Err(e) if given > 0 => Err(control::not_listed(&e, given)),
+            read => read,
+        }
+    }
+
     /// A history change, made as the calling user and process.
     pub fn change(&self, mut req: Value) -> Result<Value, String> {
         req["uid"] = json!(nix::unistd::getuid().as_raw());

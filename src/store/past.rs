@@ -19,6 +19,21 @@ pub trait TreeView {
     fn lookup(&self, parent: u64, name: &str) -> Result<Option<(u64, Kind)>, StoreError>;
     /// Every entry of directory `parent`, in name order.
     fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError>;
+    /// At most `limit` entries of directory `parent` after the name `after`, in name order.
+    /// A view that cannot seek lists the directory and skips to there.
+    fn list_after(
+        &self,
+        parent: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>, StoreError> {
+        Ok(self
+            .list(parent)?
+            .into_iter()
+            .filter(|e| after.is_none_or(|a| e.name.as_str() > a))
+            .take(limit)
+            .collect())
+    }
     /// (chunk index, blob id) of `ino`'s content, in index order.
     fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError>;
     /// Chunks `first..first+count` of `ino`; a hole is `None`.
@@ -39,6 +54,14 @@ impl TreeView for ReadTxn {
     }
     fn list(&self, parent: u64) -> Result<Vec<DirEntry>, StoreError> {
         ReadTxn::list(self, parent)
+    }
+    fn list_after(
+        &self,
+        parent: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>, StoreError> {
+        ReadTxn::list_after(self, parent, after, limit)
     }
     fn filemap_of(&self, ino: u64) -> Result<Vec<(u64, u64)>, StoreError> {
         ReadTxn::filemap_of(self, ino)

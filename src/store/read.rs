@@ -165,6 +165,39 @@ impl ReadTxn {
         )
     }
 
+    /// At most `limit` entries of directory `parent` after the name `after` (from its first
+    /// with None), in name order: a listing read a page at a time, whatever its length.
+    pub fn list_after(
+        &self,
+        parent: u64,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DirEntry>, StoreError> {
+        use std::ops::Bound;
+        let t = self.tx.open_table(DIRENTS).map_err(map_err)?;
+        let from = match after {
+            Some(name) => Bound::Excluded((parent, name)),
+            None => Bound::Included((parent, "")),
+        };
+        let mut out = Vec::new();
+        for item in t
+            .range::<(u64, &str)>((from, Bound::Excluded((parent + 1, ""))))
+            .map_err(map_err)?
+        {
+            if out.len() >= limit {
+                break;
+            }
+            let (k, v) = item.map_err(map_err)?;
+            let (ino, kind) = v.value();
+            out.push(DirEntry {
+                name: k.value().1.to_string(),
+                ino,
+                kind: Kind::from_byte(kind).ok_or_else(|| corrupt("dirent kind", ino))?,
+            });
+        }
+        Ok(out)
+    }
+
     pub fn meta_u64(&self, key: &str) -> Result<Option<u64>, StoreError> {
         match self.tx.open_table(META) {
             Ok(t) => meta_u64_in(&t, key),

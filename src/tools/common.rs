@@ -134,31 +134,139 @@ pub fn stream_content(r: &impl TreeView, inode: &Inode, sink: &mut dyn ContentSi
 }
 
 /// `tree`: every entry below `path`, depth first in name order, with its depth. Export and
-/// expiry walk a tree through it too.
+/// expiry walk a tree through it too; a listing that streams walks with `Walk` itself.
 pub fn tree(r: &impl TreeView, path: &str) -> Result<Vec<(usize, EntryInfo)>> {
-    let (inode, canon) = lookup_path(r, path)?;
-    let mut out = vec![(0, info(canon.clone(), &inode))];
-    if inode.kind != Kind::Dir {
-        return Ok(out);
-    }
-    // Iterative: a store's depth is bounded by its limits, not by this thread's stack.
-    let mut stack = vec![(canon, 1usize, r.list(inode.ino).map_err(err)?.into_iter())];
-    while let Some((path, depth, entries)) = stack.last_mut() {
-        let Some(e) = entries.next() else {
-            stack.pop();
-            continue;
-        };
-        let i = r
-            .inode(e.ino)
-            .map_err(err)?
-            .ok_or_else(|| format!("missing inode {}", e.ino))?;
-        let (p, depth) = (join(path, &e.name), *depth);
-        out.push((depth, info(p.clone(), &i)));
-        if i.kind == Kind::Dir {
-            stack.push((p, depth + 1, r.list(i.ino).map_err(err)?.into_iter()));
+    Walk::tree(r, path)?.collect()
+}
+
+/// Directory entries read at once by a walk: what it holds of a directory, whatever its size.
+pub const WALK_BATCH: usize = 256;
+
+/// A walk of a tree (`Walk::tree`) or of one directory (`Walk::dir`), an entry at a time, from
+/// a bounded state: a stack of cursors (a directory and the last name taken from it, its path
+/// and depth), and at most `WALK_BATCH` entries read ahead, of the deepest directory only (a
+/// directory's read-ahead is dropped on the way down and read again from its cursor). So a
+/// directory of a million entries, or a tree of them, costs what a page of it does.
+pub struct Walk<'r, R: TreeView> {
+    r: &'r R,
+    /// The entry at `path` itself, yet to be given.
+    first: Option<(usize, EntryInfo)>,
+    stack: Vec<Level>,
+    /// Whether to go down into the directories found (a tree), or not (a listing).
+    recurse: bool,
+}
+
+/// One directory of a walk's stack: where it is, and where the walk is in it.
+struct Level {
+    path: String,
+    depth: usize,
+    ino: u64,
+    /// The last name taken from it (the cursor); None before the first.
+    after: Option<String>,
+    /// Entries read ahead, after `after`.
+    ahead: std::collections::VecDeque<crate::store::DirEntry>,
+    /// The last read found its end: nothing after `ahead`.
+    end: bool,
+}
+
+impl Level {
+    fn new(path: String, depth: usize, ino: u64) -> Level {
+        Level {
+            path,
+            depth,
+            ino,
+            after: None,
+            ahead: Default::default(),
+            end: false,
         }
     }
-    Ok(out)
+}
+
+impl<'r, R: TreeView> Walk<'r, R> {
+    /// Every entry at and below `path`, depth first in name order, with its depth (`path`'s
+    /// own is 0).
+    pub fn tree(r: &'r R, path: &str) -> Result<Self> {
+        let (inode, canon) = lookup_path(r, path)?;
+        let stack = match inode.kind {
+            Kind::Dir => vec![Level::new(canon.clone(), 1, inode.ino)],
+            Kind::File => Vec::new(),
+        };
+        Ok(Walk {
+            r,
+            first: Some((0, info(canon, &inode))),
+            stack,
+            recurse: true,
+        })
+    }
+
+    /// `ls`: the entries of the directory at `path` in name order, or the file itself.
+    pub fn dir(r: &'r R, path: &str) -> Result<Self> {
+        let (inode, canon) = lookup_path(r, path)?;
+        let (first, stack) = match inode.kind {
+            Kind::Dir => (None, vec![Level::new(canon, 1, inode.ino)]),
+            Kind::File => (Some((0, info(canon, &inode))), Vec::new()),
+        };
+        Ok(Walk {
+            r,
+            first,
+            stack,
+            recurse: false,
+        })
+    }
+
+    fn step(&mut self) -> Result<Option<(usize, EntryInfo)>> {
+        if let Some(first) = self.first.take() {
+            return Ok(Some(first));
+        }
+        // Iterative: a store's depth is bounded by its limits, not by this thread's stack.
+        loop {
+            let Some(level) = self.stack.last_mut() else {
+                return Ok(None);
+            };
+            if level.ahead.is_empty() && !level.end {
+                let read = self
+                    .r
+                    .list_after(level.ino, level.after.as_deref(), WALK_BATCH)
+                    .map_err(err)?;
+                level.end = read.len() < WALK_BATCH;
+                level.ahead = read.into();
+            }
+            let Some(e) = level.ahead.pop_front() else {
+                self.stack.pop();
+                continue;
+            };
+            let i = self
+                .r
+                .inode(e.ino)
+                .map_err(err)?
+                .ok_or_else(|| format!("missing inode {}", e.ino))?;
+            let (p, depth) = (join(&level.path, &e.name), level.depth);
+            level.after = Some(e.name);
+            if self.recurse && i.kind == Kind::Dir {
+                // Only the deepest directory keeps entries read ahead.
+                level.ahead.clear();
+                level.end = false;
+                self.stack.push(Level::new(p.clone(), depth + 1, i.ino));
+            }
+            return Ok(Some((depth, info(p, &i))));
+        }
+    }
+}
+
+impl<R: TreeView> Iterator for Walk<'_, R> {
+    type Item = Result<(usize, EntryInfo)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.step() {
+            Ok(item) => item.map(Ok),
+            Err(e) => {
+                // An error ends the walk.
+                self.first = None;
+                self.stack.clear();
+                Some(Err(e))
+            }
+        }
+    }
 }
 
 /// Parses `30d`, `12h`, `90m`, `45s` or `2w` into nanoseconds.

@@ -1,30 +1,18 @@
 //! Inspection: `ls`, `cat`, `du` and `stats` of a store (`tree` is the shared walk in
 //! `common`). Read-only: each answers from one read transaction, mounted or not.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use serde::Serialize;
 
-use super::common::{
-    ContentSink, EntryInfo, Result, err, info, join, lookup_path, stream_content, tree,
-};
-use crate::store::{Inode, Kind, ROOT_INO, ReadTxn};
+use super::common::{ContentSink, EntryInfo, Result, Walk, err, lookup_path, stream_content, tree};
+use crate::store::{Kind, ROOT_INO, ReadTxn};
 
-/// `ls`: a directory's entries, or the file itself.
+/// `ls`: a directory's entries, or the file itself (a listing that streams walks with
+/// `Walk::dir`).
 pub fn ls(r: &ReadTxn, path: &str) -> Result<Vec<EntryInfo>> {
-    let (inode, canon) = lookup_path(r, path)?;
-    if inode.kind == Kind::File {
-        return Ok(vec![info(canon, &inode)]);
-    }
-    let mut out = Vec::new();
-    for e in r.list(inode.ino).map_err(err)? {
-        let i = r
-            .inode(e.ino)
-            .map_err(err)?
-            .ok_or_else(|| format!("missing inode {}", e.ino))?;
-        out.push(info(join(&canon, &e.name), &i));
-    }
-    Ok(out)
+    Walk::dir(r, path)?.map(|e| e.map(|(_, e)| e)).collect()
 }
 
 /// `cat`: one file's content, whole (see `stream_cat`).
@@ -106,24 +94,54 @@ pub struct StatsInfo {
 /// `stats`: counts, the largest files, the store file's size and the last commit time.
 pub fn stats(r: &ReadTxn, store_bytes: u64) -> Result<StatsInfo> {
     let usage = r.usage().map_err(err)?;
-    let mut files: Vec<Inode> = r
-        .all_inodes()
-        .map_err(err)?
-        .into_iter()
-        .filter(|i| i.kind == Kind::File && i.nlink > 0)
-        .collect();
-    files.sort_by(|a, b| b.size.cmp(&a.size).then(a.ino.cmp(&b.ino)));
-    files.truncate(10);
-    let paths = PathIndex::new(r)?;
+    // The largest files, from one scan of the inodes keeping ten at a time: the first ten by
+    // (size descending, inode) sit in a heap whose top is the one the next better file evicts.
+    let mut top = BinaryHeap::with_capacity(STATS_LARGEST + 1);
+    r.for_each_inode(None, |i, _, _| {
+        if i.kind == Kind::File && i.nlink > 0 {
+            top.push((Reverse(i.size), i.ino));
+            if top.len() > STATS_LARGEST {
+                top.pop();
+            }
+        }
+        Ok(())
+    })
+    .map_err(err)?;
+    let mut largest = Vec::with_capacity(STATS_LARGEST);
+    for (Reverse(size), ino) in top.into_sorted_vec() {
+        largest.push((path_of(r, ino)?, size));
+    }
     Ok(StatsInfo {
         files: usage.files,
         dirs: usage.dirs,
         content_bytes: usage.content_bytes,
         store_bytes,
-        largest: files.iter().map(|i| (paths.path(i.ino), i.size)).collect(),
+        largest,
         last_commit_ns: r.last_commit().map_err(err)?,
         quotas: quotas(r)?,
     })
+}
+
+/// How many of the largest files `stats` names.
+const STATS_LARGEST: usize = 10;
+
+/// The path of inode `ino`, from the parent pointers of its inode and theirs; a missing one
+/// ends it there, and a cycle (a damaged store) ends after as many steps as there are inodes.
+fn path_of(r: &ReadTxn, ino: u64) -> Result<String> {
+    let most = r.inode_count().map_err(err)?;
+    let mut parts = Vec::new();
+    let mut cur = ino;
+    while cur != ROOT_INO && (parts.len() as u64) <= most {
+        match r.inode(cur).map_err(err)? {
+            Some(i) => {
+                parts.push(i.name);
+                cur = i.parent;
+            }
+            None => break,
+        }
+    }
+    parts.reverse();
+    Ok(format!("/{}", parts.join("/")))
 }
 
 /// `quota STORE`: every directory with a quota and what lies below it. From the aggregates,
@@ -148,38 +166,4 @@ pub fn quotas(r: &ReadTxn) -> Result<Vec<crate::fs::QuotaInfo>> {
         }
     }
     Ok(list)
-}
-
-/// Paths of inodes, from their parent pointers.
-struct PathIndex {
-    inodes: HashMap<u64, (u64, String)>,
-}
-
-impl PathIndex {
-    fn new(r: &ReadTxn) -> Result<PathIndex> {
-        Ok(PathIndex {
-            inodes: r
-                .all_inodes()
-                .map_err(err)?
-                .into_iter()
-                .map(|i| (i.ino, (i.parent, i.name)))
-                .collect(),
-        })
-    }
-
-    fn path(&self, ino: u64) -> String {
-        let mut parts = Vec::new();
-        let mut cur = ino;
-        while cur != ROOT_INO && parts.len() <= self.inodes.len() {
-            match self.inodes.get(&cur) {
-                Some((p, n)) => {
-                    parts.push(n.as_str());
-                    cur = *p;
-                }
-                None => break,
-            }
-        }
-        parts.reverse();
-        format!("/{}", parts.join("/"))
-    }
 }

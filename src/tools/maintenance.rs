@@ -3,17 +3,20 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::common::{Result, err, tree};
+use super::common::{Result, Walk, err};
 use crate::store::{Inode, Kind, ROOT_INO, ReadTxn, Store, Sync};
 
 /// Files neither read nor written since `cutoff_ns` (atime is kept within an hour, see
 /// SEMANTICS.md), as (path, last use).
 pub fn unused_since(r: &ReadTxn, path: &str, cutoff_ns: i64) -> Result<Vec<(String, i64)>> {
-    Ok(tree(r, path)?
-        .into_iter()
-        .filter(|(_, e)| e.kind == "file" && e.atime_ns.max(e.mtime_ns) < cutoff_ns)
-        .map(|(_, e)| (e.path, e.atime_ns.max(e.mtime_ns)))
-        .collect())
+    let mut out = Vec::new();
+    for e in Walk::tree(r, path)? {
+        let (_, e) = e?;
+        if e.kind == "file" && e.atime_ns.max(e.mtime_ns) < cutoff_ns {
+            out.push((e.path, e.atime_ns.max(e.mtime_ns)));
+        }
+    }
+    Ok(out)
 }
 
 /// `check --repair`: reclaims orphans and unreachable inodes, drops entries that point to

@@ -21,8 +21,8 @@ pub use backup::{
     verify_copy_capped,
 };
 pub use common::{
-    ContentSink, EntryInfo, STREAM_CHUNKS, lookup_path, parse_date, parse_duration, read_content,
-    stream_content, tree,
+    ContentSink, EntryInfo, STREAM_CHUNKS, WALK_BATCH, Walk, lookup_path, parse_date,
+    parse_duration, read_content, stream_content, tree,
 };
 pub use history::{
     DIFF_MAX_BYTES, LOG_PAGE_MAX, LogPage, LogQuery, at_point, diff, log_page, log_pages,
@@ -30,7 +30,10 @@ pub use history::{
 };
 pub use inspection::{DuInfo, StatsInfo, cat, du, ls, quotas, stats, stream_cat};
 pub use maintenance::{repair, unused_since};
-pub use request::{WHOLE_CONTENT_MAX, content, content_of, history_change, query};
+pub use request::{
+    WHOLE_CONTENT_MAX, WHOLE_LISTING_MAX, content, content_of, history_change, listing,
+    listing_key, query,
+};
 pub use transfer::{
     ExportOptions, ExportReport, ImportReport, export_dir, export_tar, import, import_tar,
 };

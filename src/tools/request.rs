@@ -5,29 +5,22 @@
 use std::path::Path;
 
 use super::backup::{snapshot, snapshot_subtree};
-use super::common::{ContentSink, Result, err, tree};
+use super::common::{ContentSink, EntryInfo, Result, Walk, err};
 use super::history::{LogQuery, at_point, diff, log_page, resolve_point, stream_show};
-use super::inspection::{du, ls, quotas, stats, stream_cat};
-use super::maintenance::unused_since;
+use super::inspection::{du, quotas, stats, stream_cat};
 use crate::store::ReadTxn;
 
 /// Answers a read-only request (`ls`, `cat`, `tree`, `du`, `stats`, `check`, `unused`) from
 /// one read transaction. The daemon answers these for a mounted store and the CLI for an
 /// unmounted one, so both print the same. `cat` and `show` answer here in one line only up
-/// to `WHOLE_CONTENT_MAX`; the CLI streams them (`content`).
+/// to `WHOLE_CONTENT_MAX`, and `ls`, `tree` and `unused` only up to `WHOLE_LISTING_MAX`; the
+/// CLI streams them (`content`, `listing`).
 pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<serde_json::Value> {
     use serde_json::{Value, json};
     let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
     let v = match req.get("op").and_then(Value::as_str).unwrap_or("") {
-        "ls" => json!({"entries": ls(r, path)?}),
+        "ls" | "tree" | "unused" => whole_listing(r, req)?,
         "cat" | "show" => content_json(whole_content(r, req)?),
-        "tree" => {
-            let t: Vec<Value> = tree(r, path)?
-                .into_iter()
-                .map(|(depth, e)| json!({"depth": depth, "entry": e}))
-                .collect();
-            json!({"tree": t})
-        }
         "du" => json!({"du": du(r, path)?}),
         "stats" => json!({"stats": stats(r, store_bytes)?}),
         "quotas" => json!({"quotas": quotas(r)?}),
@@ -51,16 +44,116 @@ pub fn query(r: &ReadTxn, store_bytes: u64, req: &serde_json::Value) -> Result<s
             json!({"diff": diff(r, path, from, to)?})
         }
         "marks" => json!({"marks": r.marks().map_err(err)?}),
+        other => return Err(format!("unknown query {other:?}")),
+    };
+    Ok(v)
+}
+
+/// The key under which the entries of a listing (`ls`, `tree`, `unused`) go, in its one-line
+/// answer and in each page of its stream; None for a request that is not a listing.
+pub fn listing_key(req: &serde_json::Value) -> Option<&'static str> {
+    match req.get("op").and_then(serde_json::Value::as_str)? {
+        "ls" => Some("entries"),
+        "tree" => Some("tree"),
+        "unused" => Some("files"),
+        _ => None,
+    }
+}
+
+/// One entry of `tree`, as its answer holds it.
+#[derive(serde::Serialize)]
+struct TreeItem<'e> {
+    depth: usize,
+    entry: &'e EntryInfo,
+}
+
+/// Hands the entries of the listing an `ls`, `tree` or `unused` request asks for to `item`,
+/// one at a time, each as its JSON (an element of the answer's array), all from `r`: the walk
+/// holds a bounded state (`Walk`) and one entry's JSON, whatever the listing's length.
+/// `unused` lists the files below `path` used (read or written) last before `cutoff_ns`, each
+/// as `[path, last use]`.
+pub fn listing(
+    r: &ReadTxn,
+    req: &serde_json::Value,
+    item: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    use serde_json::Value;
+    let path = req.get("path").and_then(Value::as_str).unwrap_or("/");
+    let mut json = Vec::new();
+    let mut give = |json_of: &dyn Fn(&mut Vec<u8>) -> serde_json::Result<()>| -> Result<()> {
+        json.clear();
+        json_of(&mut json).map_err(err)?;
+        item(&json)
+    };
+    match req.get("op").and_then(Value::as_str).unwrap_or("") {
+        "ls" => {
+            for e in Walk::dir(r, path)? {
+                let (_, entry) = e?;
+                give(&|out| serde_json::to_writer(out, &entry))?;
+            }
+        }
+        "tree" => {
+            for e in Walk::tree(r, path)? {
+                let (depth, entry) = e?;
+                give(&|out| {
+                    serde_json::to_writer(
+                        out,
+                        &TreeItem {
+                            depth,
+                            entry: &entry,
+                        },
+                    )
+                })?;
+            }
+        }
         "unused" => {
             let cutoff = req
                 .get("cutoff_ns")
                 .and_then(Value::as_i64)
                 .ok_or("unused needs cutoff_ns")?;
-            json!({"files": unused_since(r, path, cutoff)?})
+            for e in Walk::tree(r, path)? {
+                let (_, e) = e?;
+                let last = e.atime_ns.max(e.mtime_ns);
+                if e.kind == "file" && last < cutoff {
+                    give(&|out| serde_json::to_writer(out, &(&e.path, last)))?;
+                }
+            }
         }
-        other => return Err(format!("unknown query {other:?}")),
-    };
-    Ok(v)
+        other => return Err(format!("{other:?} is not a listing")),
+    }
+    Ok(())
+}
+
+/// The most JSON a listing's one-line answer holds, for a client that does not ask for a
+/// stream (an older redbfs talking to this daemon): a longer listing is refused as soon as
+/// it passes this, so no such request makes the daemon hold a listing whole.
+pub const WHOLE_LISTING_MAX: usize = 1024 * 1024;
+
+/// The one-line answer to a listing, up to `WHOLE_LISTING_MAX` bytes of JSON.
+fn whole_listing(r: &ReadTxn, req: &serde_json::Value) -> Result<serde_json::Value> {
+    let key = listing_key(req).ok_or("not a listing")?;
+    let path = req
+        .get("path")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("/");
+    let mut whole = b"[".to_vec();
+    listing(r, req, &mut |item| {
+        if whole.len() + item.len() + 2 > WHOLE_LISTING_MAX {
+            return Err(format!(
+                "the listing of {path} is over {WHOLE_LISTING_MAX} bytes: a listing this long \
+                 is only streamed (the redbfs of this daemon's release asks for a stream; an \
+                 older one does not: upgrade it)"
+            ));
+        }
+        if whole.len() > 1 {
+            whole.push(b',');
+        }
+        whole.extend_from_slice(item);
+        Ok(())
+    })?;
+    whole.push(b']');
+    let entries: serde_json::Value = serde_json::from_slice(&whole).map_err(err)?;
+    Ok(serde_json::json!({ key: entries }))
 }
 
 /// Streams the content a `cat` or `show` request asks for into `sink`, all of it from `r`: one
