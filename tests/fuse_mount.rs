@@ -489,7 +489,10 @@ fn a_mount_waits_for_a_store_another_process_is_closing() {
     );
     std::fs::write(mnt.join("a.md"), "after").unwrap();
     ok(redbfs(&["unmount", mnt.to_str().unwrap()]));
-    assert_eq!(ok(redbfs(&["cat", store.to_str().unwrap(), "/a.md"])), "after");
+    assert_eq!(
+        ok(redbfs(&["cat", store.to_str().unwrap(), "/a.md"])),
+        "after"
+    );
 }
 
 /// The daemon's resident memory, in KiB.
