@@ -35,32 +35,12 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn daemon_pid(m: &TestMount) -> u32 {
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(redbfs(&["status", s(&m.mountpoint), "--json"]))).unwrap();
-    v["pid"].as_u64().unwrap() as u32
-}
-
-/// A field of /proc/PID/status, in kB.
-fn proc_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
-/// Resets the peak RSS of `pid` to its RSS now, and returns that (kB).
-fn reset_peak(pid: u32) -> u64 {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-    proc_kb(pid, "VmRSS:")
+    common::daemon_pid(&m.mountpoint)
 }
 
 /// The daemon's peak over `f`, above its RSS when `f` started, in kB.
 fn daemon_growth(pid: u32, f: impl FnOnce()) -> u64 {
-    let before = reset_peak(pid);
-    f();
-    proc_kb(pid, "VmHWM:").saturating_sub(before)
+    common::peak_growth(pid, f).1
 }
 
 const MIB: usize = 1024 * 1024;

@@ -410,7 +410,7 @@ fn unlinked_open_file_stays_readable_and_writable() {
 
 /// Context switches of every thread of process `pid` so far: each is a wake-up or a
 /// preemption.
-fn context_switches(pid: u64) -> u64 {
+fn context_switches(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .map(|t| std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default())
@@ -436,7 +436,7 @@ fn an_idle_daemon_does_not_wake() {
     let status = || -> serde_json::Value {
         serde_json::from_slice(&redbfs(&["status", mnt, "--json"]).stdout).unwrap()
     };
-    let pid = status()["pid"].as_u64().unwrap();
+    let pid = common::daemon_pid(&m.mountpoint);
     // Something for the reclaimer first: a file unlinked while open, then closed.
     let f = std::fs::File::create(m.path("gone")).unwrap();
     std::fs::remove_file(m.path("gone")).unwrap();
@@ -495,13 +495,6 @@ fn a_mount_waits_for_a_store_another_process_is_closing() {
     );
 }
 
-/// The daemon's resident memory, in KiB.
-fn rss_kib(pid: u64) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// A process holding many descriptors of a large directory, each read a page into (and the
 /// directory changed between, so the kernel's cached listing is dropped each time), does not
 /// grow the daemon past its listings' budget: each handle kept its own whole listing (4.7 MB
@@ -521,20 +514,18 @@ fn many_descriptors_of_a_large_directory_hold_bounded_memory() {
     }
     let mnt = m.mountpoint.to_str().unwrap();
     ok(redbfs(&["import", tree.to_str().unwrap(), mnt]));
-    let status: serde_json::Value =
-        serde_json::from_slice(&redbfs(&["status", mnt, "--json"]).stdout).unwrap();
-    let pid = status["pid"].as_u64().unwrap();
+    let pid = common::daemon_pid(&m.mountpoint);
     let big = m.path("big");
     let mut open = vec![std::fs::read_dir(&big).unwrap()];
     open[0].next().unwrap().unwrap();
-    let base = rss_kib(pid);
+    let base = common::proc_kb(pid, "VmRSS:");
     for k in 0..40 {
         std::fs::File::create(big.join(format!("added-{k}"))).unwrap();
         let mut d = std::fs::read_dir(&big).unwrap();
         d.next().unwrap().unwrap();
         open.push(d);
     }
-    let grew = rss_kib(pid).saturating_sub(base) / 1024;
+    let grew = common::proc_kb(pid, "VmRSS:").saturating_sub(base) / 1024;
     assert!(
         grew < 100,
         "the daemon grew by {grew} MiB for 41 descriptors of one directory"

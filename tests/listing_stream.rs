@@ -22,28 +22,13 @@ fn s(p: &Path) -> &str {
 }
 
 fn daemon_pid(m: &TestMount) -> u32 {
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(redbfs(&["status", s(&m.mountpoint), "--json"]))).unwrap();
-    v["pid"].as_u64().unwrap() as u32
-}
-
-/// A field of /proc/PID/status, in kB.
-fn proc_kb(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    common::daemon_pid(&m.mountpoint)
 }
 
 /// Runs `args`, and returns its output with the daemon's peak RSS over it above its RSS when
 /// it started (kB), the peak reset first.
 fn measured(pid: u32, args: &[&str]) -> (Output, u64) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-    let before = proc_kb(pid, "VmRSS:");
-    let out = redbfs(args);
-    (out, proc_kb(pid, "VmHWM:").saturating_sub(before))
+    common::peak_growth(pid, || redbfs(args))
 }
 
 fn stderr(out: &Output) -> std::borrow::Cow<'_, str> {
@@ -163,12 +148,7 @@ fn listings_of_a_large_directory_stream_from_a_bounded_daemon() {
         r#"{"op":"tree","path":"/"}"#,
         r#"{"op":"unused","path":"/","cutoff_ns":9000000000000000000}"#,
     ] {
-        let (v, grew) = {
-            std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-            let before = proc_kb(pid, "VmRSS:");
-            let v = ask(req);
-            (v, proc_kb(pid, "VmHWM:").saturating_sub(before))
-        };
+        let (v, grew) = common::peak_growth(pid, || ask(req));
         assert_eq!(v["ok"], false, "{req}");
         let e = v["error"].as_str().unwrap();
         assert!(e.contains("only streamed") && e.contains("upgrade"), "{e}");

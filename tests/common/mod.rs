@@ -287,3 +287,29 @@ pub fn walk_tree(root: &Path) -> Result<BTreeMap<PathBuf, Walked>, String> {
     go(root, root, &mut out)?;
     Ok(out)
 }
+
+/// The pid of the daemon serving the mount at `mountpoint`.
+pub fn daemon_pid(mountpoint: &Path) -> u32 {
+    let status = ok(redbfs(&["status", mountpoint.to_str().unwrap(), "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    v["pid"].as_u64().unwrap() as u32
+}
+
+/// A field of /proc/PID/status (`VmRSS:`, `VmHWM:`), in kB.
+pub fn proc_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// How far process `pid`'s peak RSS rises over `f` above its RSS when `f` starts (kB): the
+/// peak is reset first.
+pub fn peak_growth<T>(pid: u32, f: impl FnOnce() -> T) -> (T, u64) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let before = proc_kb(pid, "VmRSS:");
+    let out = f();
+    (out, proc_kb(pid, "VmHWM:").saturating_sub(before))
+}
