@@ -62,7 +62,7 @@ impl Fs {
             // (fstat answers from it), and a lookup made just before the last batch finds
             // what it looked up; otherwise the kernel looks the path up again.
             None if self.store.frozen().is_some() => {
-                let held = match self.pinned_inode(ino)? {
+                let held = match self.pinned_inode(ino) {
                     Some(i) => Some(i),
                     None => match self.store.before_last_batch() {
                         Some(before) => before.inode(ino)?,

@@ -47,6 +47,17 @@ impl Fs {
         Ok(())
     }
 
+    /// Where content that leaves memory goes (a private temporary file, unlinked from the
+    /// start): beside the store, on the disk the store's room is checked on.
+    pub(super) fn spill_dir(&self) -> std::path::PathBuf {
+        self.store
+            .path()
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."))
+            .to_path_buf()
+    }
+
     /// Counts `g`'s buffer memory after a change; past `--max-buffer` for all open files
     /// together, this file's buffer moves to its spill file (the writer that crosses the
     /// bound pays, so memory stays within the bound plus one write).
@@ -60,14 +71,7 @@ impl Fs {
         };
         g.accounted = now as usize;
         if total > self.limits.max_buffer_bytes {
-            let dir = self
-                .store
-                .path()
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(std::path::Path::new("."))
-                .to_path_buf();
-            g.spill(&dir)?;
+            g.spill(&self.spill_dir())?;
             self.buffered.fetch_sub(now, Ordering::AcqRel);
             g.accounted = 0;
         }

@@ -23,6 +23,7 @@ pub mod lifetime;
 mod limits;
 pub mod name;
 mod open;
+mod pinned;
 mod quota;
 mod remove;
 mod rename;
@@ -255,15 +256,9 @@ pub const BLOCK_SIZE: u32 = 4096;
 struct Handle {
     file: Arc<FileSlot>,
     mode: OpenMode,
-    /// On a frozen store (a follower's): the store as it was at open, so the file reads the
-    /// version it opened, whole, whatever later batches change.
-    pinned: Option<Arc<Pinned>>,
-}
-
-/// A read transaction kept by an open handle, and the file's size in it.
-struct Pinned {
-    txn: Arc<crate::store::ReadTxn>,
-    size: u64,
+    /// On a frozen store (a follower's): the version of the file it opened, so it reads
+    /// that, whole, whatever later batches change (see `pinned`).
+    pinned: Option<Arc<pinned::Pinned>>,
 }
 
 struct DirHandle {
@@ -327,6 +322,11 @@ pub struct Fs {
     any_quota: AtomicBool,
     /// Orphans that may have lost their last reference or handle, to reclaim in a batch.
     reclaims: Arc<ReclaimQueue>,
+    /// On a follower: the read transaction handles opened at one batch share, and that batch
+    /// (see `pinned`).
+    pin_now: Mutex<Option<(u64, Arc<store::ReadTxn>)>>,
+    /// Bytes of memory the copies of files open handles read hold (see `pinned`).
+    pin_copies: Arc<AtomicU64>,
 }
 
 /// The orphans waiting for the daemon's reclaimer (`Fs::reclaimer`), and what wakes it: it
@@ -424,6 +424,8 @@ impl Fs {
             buffered: AtomicU64::new(0),
             dir_reserved: Mutex::new(HashMap::new()),
             any_quota: AtomicBool::new(false),
+            pin_now: Mutex::new(None),
+            pin_copies: Arc::default(),
         };
         fs.store.set_history_budget(fs.limits.history_budget());
         let quotas = fs.store.read()?.quota_rows()?;

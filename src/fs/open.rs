@@ -16,7 +16,7 @@ impl Fs {
     fn acquire_or(
         &self,
         ino: u64,
-        pinned: Option<&Pinned>,
+        pinned: Option<&super::pinned::Pinned>,
     ) -> Result<(Arc<FileSlot>, Option<Inode>)> {
         let mut map = lock(&self.files);
         let mut stored = None;
@@ -33,7 +33,7 @@ impl Fs {
                         stored = Some(i.clone());
                         i
                     }
-                    (None, Some(p)) => p.txn.inode(ino)?.ok_or(Error::NotFound)?,
+                    (None, Some(p)) => p.inode.clone(),
                     (None, None) => return Err(Error::NotFound),
                 };
                 if inode.kind == Kind::Dir {
@@ -421,51 +421,11 @@ impl Fs {
     pub fn read(&self, fh: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         let pinned = lock(&self.handles).get(&fh).and_then(|h| h.pinned.clone());
         if let Some(p) = pinned {
-            let (f, _) = self.handle(fh)?;
-            return read_pinned(&p, f.ino, offset, len);
+            return p.read(offset, len);
         }
         let (f, _) = self.handle(fh)?;
         let g = lock(&f.content);
         g.read(&self.store, offset, len)
-    }
-
-    /// `ino` as an open handle's pinned version holds it (see `pin_version`).
-    pub(super) fn pinned_inode(&self, ino: u64) -> Result<Option<Inode>> {
-        let pinned = lock(&self.handles)
-            .values()
-            .find(|h| h.file.ino == ino && h.pinned.is_some())
-            .and_then(|h| h.pinned.clone());
-        match pinned {
-            Some(p) => Ok(p.txn.inode(ino)?),
-            None => Ok(None),
-        }
-    }
-
-    /// On a frozen store (a follower's, which changes only by whole batches from its
-    /// writer): the store as it is now, for a handle to read `ino` from; or, when the last
-    /// batch took the inode after the kernel looked it up, the store before that batch (what
-    /// the lookup found, as a local disk keeps a replaced inode for its holder). Stale when
-    /// neither holds it (several batches since the lookup): the kernel looks the path up again.
-    fn pin_version(&self, ino: u64) -> Result<Option<Arc<Pinned>>> {
-        if self.store.frozen().is_none() {
-            return Ok(None);
-        }
-        let now = self.store.read()?;
-        let (txn, inode) = match now.inode(ino)? {
-            Some(i) => (Arc::new(now), i),
-            None => {
-                let before = self.store.before_last_batch().ok_or(Error::Stale)?;
-                let i = before.inode(ino)?.ok_or(Error::Stale)?;
-                (before, i)
-            }
-        };
-        if inode.kind == Kind::Dir {
-            return Err(Error::IsDir);
-        }
-        Ok(Some(Arc::new(Pinned {
-            txn,
-            size: inode.size,
-        })))
     }
 
     /// write(2) through handle `fh`: at `offset`, or at the end for a handle opened O_APPEND.
@@ -551,29 +511,4 @@ impl Fs {
     pub fn fsyncdir(&self) -> Result<()> {
         Ok(self.store.sync()?)
     }
-}
-
-/// Reads up to `len` bytes at `offset` of `ino` as `p` holds it; holes read as zeros.
-fn read_pinned(p: &Pinned, ino: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-    if offset >= p.size || len == 0 {
-        return Ok(Vec::new());
-    }
-    let end = p.size.min(offset.saturating_add(len as u64));
-    let mut out = vec![0u8; (end - offset) as usize];
-    let first = offset / crate::store::CHUNK_SIZE;
-    let last = (end - 1) / crate::store::CHUNK_SIZE;
-    let chunks = p.txn.chunks(ino, first, last - first + 1)?;
-    for (idx, data) in (first..).zip(chunks) {
-        let Some(data) = data else {
-            continue;
-        };
-        let chunk_start = idx * crate::store::CHUNK_SIZE;
-        let from = offset.max(chunk_start);
-        let to = end.min(chunk_start + data.len() as u64);
-        if from < to {
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&data[(from - chunk_start) as usize..(to - chunk_start) as usize]);
-        }
-    }
-    Ok(out)
 }

@@ -57,9 +57,11 @@ impl Fs {
 
     /// After a transaction applied to a frozen store from outside every request (a
     /// follower's batch from its replica): the kernel forgets the entries and inodes it
-    /// changed, and nothing else. Open handles keep reading the version they opened (their
-    /// pinned read transaction), as an open file on a local disk keeps a replaced inode.
+    /// changed, and nothing else. Open handles keep reading the version they opened, as an
+    /// open file on a local disk keeps a replaced inode: those whose file it changed read a
+    /// copy of it from now on, the others the store as it is now (see `pinned`).
     pub fn changed_outside(&self, changed: crate::store::Changed) {
+        self.settle_pins(&changed.inodes, false);
         self.invalidate(changed.dirents, changed.inodes);
     }
 }

@@ -70,6 +70,9 @@ pub fn promote(daemon: &Daemon, req: &Value) -> Result<Value, String> {
         }
     };
     let taken = roles.iter().flatten().map(|r| r.epoch()).max();
+    // Open files keep the version they opened as copies: once it takes changes, a read
+    // transaction they held would keep the store from reusing what they free.
+    fs.settle_pins(&[], true);
     fs.store().unfreeze();
     let overrides = ReplicaOverrides {
         urls: Some(vec![url.clone()]),

@@ -122,6 +122,41 @@ impl Store {
             .clone()
     }
 
+    /// A read transaction, the number of the batch it sees at least (batches applied since the
+    /// store opened), and whether it sees exactly that one (no batch committed meanwhile).
+    /// What an open handle on a follower pins, with what the applier needs to tell whether
+    /// the batches since changed its file (see `Fs::settle_pins`).
+    pub fn read_batch(&self) -> Result<(ReadTxn, u64, bool), StoreError> {
+        let at = self.batch_seq.load(Ordering::SeqCst);
+        let r = self.read()?;
+        let exact = at.is_multiple_of(2) && self.batch_seq.load(Ordering::SeqCst) == at;
+        Ok((r, at / 2, exact))
+    }
+
+    /// The number of the last batch applied since the store opened (see `read_batch`).
+    pub fn batches_applied(&self) -> u64 {
+        self.batch_seq.load(Ordering::SeqCst) / 2
+    }
+
+    /// Commits a batch's transaction, keeping `before` as the version before it: the batch
+    /// count is odd while the commit runs, so `read_batch` never calls a transaction begun
+    /// meanwhile exact. A failed commit counts as a batch (one that changed nothing).
+    fn commit_shipped(
+        &self,
+        tx: redb::WriteTransaction,
+        last: u64,
+        before: Option<ReadTxn>,
+    ) -> Result<(), StoreError> {
+        self.batch_seq.fetch_add(1, Ordering::SeqCst);
+        let r = super::commit_as(tx, redb::Durability::Immediate);
+        if r.is_ok() {
+            self.commits.store(last, Ordering::Release);
+            self.keep_before(before);
+        }
+        self.batch_seq.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+
     /// Keeps `before` (read before a batch that changed something) as the version before the
     /// last batch, once the batch committed.
     fn keep_before(&self, before: Option<ReadTxn>) {
@@ -176,9 +211,7 @@ impl Store {
         }
         keep_own_format(&tx)?;
         finish_meta(&tx, last, local)?;
-        super::commit_as(tx, redb::Durability::Immediate)?;
-        self.commits.store(last, Ordering::Release);
-        self.keep_before(before);
+        self.commit_shipped(tx, last, before)?;
         Ok(changed.finish())
     }
 
@@ -251,9 +284,7 @@ impl Store {
         sync_table(&src, &tx, SUBTREE, &mut |_| false)?;
         sync_table(&src, &tx, QUOTAS, &mut |_| false)?;
         finish_meta(&tx, commit, local)?;
-        super::commit_as(tx, redb::Durability::Immediate)?;
-        self.commits.store(commit, Ordering::Release);
-        self.keep_before(Some(before));
+        self.commit_shipped(tx, commit, Some(before))?;
         Ok(changed.finish())
     }
 }

@@ -320,6 +320,9 @@ pub struct Store {
     /// A follower's store as it stood before its last batch, kept until the next one (see
     /// `Store::before_last_batch`).
     before_batch: Mutex<Option<Arc<ReadTxn>>>,
+    /// Twice the batches applied to a follower's store since it opened, plus one while a
+    /// batch commits: tells which batch a read transaction sees (see `Store::read_batch`).
+    batch_seq: AtomicU64,
     /// Operations the per-directory aggregates did (see `subtree`).
     subtree_work: AtomicU64,
     /// The batch a joined write joins (see `batch`).

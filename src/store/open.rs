@@ -108,6 +108,7 @@ impl Store {
             feeds: OnceLock::new(),
             frozen: Mutex::new(None),
             before_batch: Mutex::new(None),
+            batch_seq: AtomicU64::new(0),
             subtree_work: AtomicU64::new(0),
             batches: Default::default(),
             numbered_commits: AtomicU64::new(0),
