@@ -211,10 +211,7 @@ fn a_stream_cut_short_fails_the_command() {
     }
     let m = TestMount::new();
     std::fs::write(m.path("f.md"), "0123456789").unwrap();
-    let sock = m.dir.path().join("mnt.redb.sock");
-    let aside = m.dir.path().join("real.sock");
-    std::fs::rename(&sock, &aside).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (stand_in, listener) = common::StandIn::new(&m);
     let server = std::thread::spawn(move || {
         use std::io::{BufRead, Write};
         let (conn, _) = listener.accept().unwrap();
@@ -227,8 +224,7 @@ fn a_stream_cut_short_fails_the_command() {
     });
     let out = redbfs(&["cat", s(&m.store), "/f.md"]);
     let req = server.join().unwrap();
-    std::fs::remove_file(&sock).unwrap();
-    std::fs::rename(&aside, &sock).unwrap();
+    drop(stand_in);
     assert!(req.contains("\"stream\":true"), "{req}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -47,15 +47,15 @@ fn shipped_after(
 /// it); a lookup made before that batch still opens what it found until the next batch, then
 /// the replaced inode answers ESTALE; the name gives the new version, and every change is
 /// refused as read-only.
-#[test]
-fn a_followers_store_applies_batches_and_keeps_open_versions() {
-    use redbfs::fs::{Error, Fs, Limits, OpenMode};
-    use redbfs::store::{ROOT_INO, Store};
-    let dir = tempfile::tempdir().unwrap();
-    let ws = Store::open_or_create(&dir.path().join("w.redb"), (1000, 1000)).unwrap();
+/// A writer's `Fs` with one feed attached, and a follower's `Fs` over a frozen copy of its
+/// store as it was when the feed started (in `dir`).
+fn writer_and_follower(dir: &Path) -> (redbfs::fs::Fs, redbfs::store::Attached, redbfs::fs::Fs) {
+    use redbfs::fs::{Fs, Limits};
+    use redbfs::store::Store;
+    let ws = Store::open_or_create(&dir.join("w.redb"), (1000, 1000)).unwrap();
     let attached = ws.attach_feeds(1).unwrap();
     let w = Fs::new(ws, Limits::default()).unwrap();
-    let copy = dir.path().join("f.redb");
+    let copy = dir.join("f.redb");
     w.store()
         .read()
         .unwrap()
@@ -63,16 +63,34 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
         .unwrap();
     let fstore = Store::open_existing(&copy).unwrap();
     fstore.freeze("a follower".into());
-    let f = Fs::new(fstore, Limits::default()).unwrap();
-    let write = |name: &str, data: &[u8]| {
-        let (inode, fh) = w
-            .create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
-            .unwrap();
-        w.write(ME, fh, 0, data).unwrap();
-        w.flush(fh).unwrap();
-        w.release(fh).unwrap();
-        w.forget(inode.ino, 1);
-    };
+    (w, attached, Fs::new(fstore, Limits::default()).unwrap())
+}
+
+/// Creates `name` under the root of `w` holding `data`, and lets go of it.
+fn write_file(w: &redbfs::fs::Fs, name: &str, data: &[u8]) {
+    let (inode, fh) = w
+        .create(
+            ME,
+            redbfs::store::ROOT_INO,
+            name.as_bytes(),
+            0o600,
+            0,
+            libc::O_WRONLY,
+        )
+        .unwrap();
+    w.write(ME, fh, 0, data).unwrap();
+    w.flush(fh).unwrap();
+    w.release(fh).unwrap();
+    w.forget(inode.ino, 1);
+}
+
+#[test]
+fn a_followers_store_applies_batches_and_keeps_open_versions() {
+    use redbfs::fs::{Error, OpenMode};
+    use redbfs::store::ROOT_INO;
+    let dir = tempfile::tempdir().unwrap();
+    let (w, attached, f) = writer_and_follower(dir.path());
+    let write = |name: &str, data: &[u8]| write_file(&w, name, data);
     let feed = &attached.feeds[0];
 
     write("a.md", b"first version");
@@ -153,8 +171,8 @@ fn a_followers_store_applies_batches_and_keeps_open_versions() {
 /// them, and from a thread reading throughout, racing each batch and the copy it makes.
 #[test]
 fn handles_held_on_a_follower_keep_their_version_without_pinning_the_store() {
-    use redbfs::fs::{Fs, Limits, OpenMode};
-    use redbfs::store::{ROOT_INO, Store};
+    use redbfs::fs::OpenMode;
+    use redbfs::store::ROOT_INO;
     const BIG: usize = 1 << 20;
     const REWRITES: usize = 30;
     let version = |v: usize, len: usize| -> Vec<u8> {
@@ -163,27 +181,8 @@ fn handles_held_on_a_follower_keep_their_version_without_pinning_the_store() {
             .collect()
     };
     let dir = tempfile::tempdir().unwrap();
-    let ws = Store::open_or_create(&dir.path().join("w.redb"), (1000, 1000)).unwrap();
-    let attached = ws.attach_feeds(1).unwrap();
-    let w = Fs::new(ws, Limits::default()).unwrap();
-    let copy = dir.path().join("f.redb");
-    w.store()
-        .read()
-        .unwrap()
-        .copy_to(&copy, &mut |_| {})
-        .unwrap();
-    let fstore = Store::open_existing(&copy).unwrap();
-    fstore.freeze("a follower".into());
-    let f = Fs::new(fstore, Limits::default()).unwrap();
-    let write = |name: &str, data: &[u8]| {
-        let (inode, fh) = w
-            .create(ME, ROOT_INO, name.as_bytes(), 0o600, 0, libc::O_WRONLY)
-            .unwrap();
-        w.write(ME, fh, 0, data).unwrap();
-        w.flush(fh).unwrap();
-        w.release(fh).unwrap();
-        w.forget(inode.ino, 1);
-    };
+    let (w, attached, f) = writer_and_follower(dir.path());
+    let write = |name: &str, data: &[u8]| write_file(&w, name, data);
     let feed = &attached.feeds[0];
     let mut at = attached.from;
     let mut apply = || {

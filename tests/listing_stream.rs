@@ -185,10 +185,7 @@ fn a_listing_cut_short_fails_the_command() {
     }
     let m = TestMount::new();
     std::fs::write(m.path("a.md"), "a").unwrap();
-    let sock = m.dir.path().join("mnt.redb.sock");
-    let aside = m.dir.path().join("real.sock");
-    std::fs::rename(&sock, &aside).unwrap();
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let (stand_in, listener) = common::StandIn::new(&m);
     let server = std::thread::spawn(move || {
         use std::io::{BufRead, Write};
         let mut reqs = Vec::new();
@@ -209,8 +206,7 @@ fn a_listing_cut_short_fails_the_command() {
     let ls = redbfs(&["ls", s(&m.store), "/"]);
     let tree = redbfs(&["tree", s(&m.store), "/"]);
     let reqs = server.join().unwrap();
-    std::fs::remove_file(&sock).unwrap();
-    std::fs::rename(&aside, &sock).unwrap();
+    drop(stand_in);
     for req in &reqs {
         assert!(req.contains("\"stream\":true"), "{req}");
     }

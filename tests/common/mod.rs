@@ -313,3 +313,27 @@ pub fn peak_growth<T>(pid: u32, f: impl FnOnce() -> T) -> (T, u64) {
     let out = f();
     (out, proc_kb(pid, "VmHWM:").saturating_sub(before))
 }
+
+/// A socket bound at a mount's control socket path in the daemon's place (the real one moved
+/// aside), to play a daemon that misbehaves; dropped, it gives the path back to the daemon.
+pub struct StandIn {
+    sock: PathBuf,
+    aside: PathBuf,
+}
+
+impl StandIn {
+    pub fn new(m: &TestMount) -> (StandIn, std::os::unix::net::UnixListener) {
+        let sock = m.dir.path().join("mnt.redb.sock");
+        let aside = m.dir.path().join("real.sock");
+        std::fs::rename(&sock, &aside).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        (StandIn { sock, aside }, listener)
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.sock);
+        let _ = std::fs::rename(&self.aside, &self.sock);
+    }
+}
